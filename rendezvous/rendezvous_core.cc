@@ -1,0 +1,854 @@
+#include "rendezvous/rendezvous_core.h"
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rendezvous/job_settings.h"
+
+namespace ctrun {
+
+using NodeState = v1::NodeStatus::State;
+
+struct RendezvousCore::Node {
+  SessionId session = 0;
+  // Identity, address, sizes and the latest master port candidate.
+  v1::Join join;
+  // Changed only through Job::SetState, which keeps the counts.
+  NodeState state = v1::NodeStatus::STATE_UNSPECIFIED;
+  absl::Time last_seen;
+  // In the running round; -1 otherwise.
+  int32_t group_rank = -1;
+  int32_t first_global_rank = -1;
+  // The node's group rank in the round before, to keep survivors in order.
+  int32_t previous_group_rank = -1;
+  // The round a PENDING_REJOIN node was told to rejoin.
+  int64_t rejoin_round = -1;
+  bool workers_running = false;
+
+  std::string Name() const {
+    return absl::StrCat(join.node().hostname(), ":", join.node().pid());
+  }
+};
+
+struct RendezvousCore::Job {
+  explicit Job(const KvStoreLimits& store_limits) : store(store_limits) {}
+
+  std::string id;
+  v1::JobSettings settings;
+  v1::JobStatus::Phase phase = v1::JobStatus::COLLECTING;
+  int64_t round = 0;
+  int32_t restart_count = 0;
+  absl::Time round_opened;
+  absl::Time last_call_deadline = absl::InfiniteFuture();
+
+  std::map<SessionId, Node> nodes;
+  // Indexes of `nodes`, so that a join costs O(log n), not O(n).
+  std::array<int, v1::NodeStatus::State_ARRAYSIZE> count{};
+  absl::flat_hash_map<uint64_t, SessionId> by_incarnation;
+  absl::flat_hash_map<int32_t, SessionId> by_hint;
+  // The running round's members in group rank order.
+  std::vector<SessionId> ranked;
+  int32_t world_size = 0;
+  std::string master_addr;
+  int32_t master_port = 0;
+
+  KvStore store;
+  std::string failure;
+  std::deque<std::string> lost;
+
+  bool progress_due = false;
+  absl::Time next_progress = absl::InfinitePast();
+  // A lower bound on the earliest lease expiry among the nodes.
+  absl::Time lease_check = absl::InfiniteFuture();
+
+  absl::Duration heartbeat_timeout() const {
+    return absl::Milliseconds(settings.heartbeat_timeout_ms());
+  }
+  absl::Time join_deadline() const {
+    return round_opened + absl::Milliseconds(settings.join_timeout_ms());
+  }
+  int CountIn(NodeState state) const { return count[state]; }
+
+  Node& AddNode(SessionId session, const v1::Join& join) {
+    Node& node = nodes[session];
+    node.session = session;
+    node.join = join;
+    ++count[node.state];
+    by_incarnation[join.node().incarnation()] = session;
+    if (join.node_rank_hint() >= 0) by_hint[join.node_rank_hint()] = session;
+    return node;
+  }
+  Node TakeNode(SessionId session) {
+    auto it = nodes.find(session);
+    Node node = std::move(it->second);
+    nodes.erase(it);
+    --count[node.state];
+    by_incarnation.erase(node.join.node().incarnation());
+    by_hint.erase(node.join.node_rank_hint());
+    return node;
+  }
+  void SetState(Node& node, NodeState state) {
+    --count[node.state];
+    ++count[state];
+    node.state = state;
+  }
+};
+
+namespace {
+
+constexpr size_t kMaxLostShown = 32;
+constexpr int kMaxNamesInProgress = 16;
+constexpr size_t kMaxJobIdBytes = 128;
+constexpr size_t kMaxHostBytes = 255;
+constexpr int32_t kMaxLocalWorldSize = 65536;
+constexpr size_t kMaxFailureMessageBytes = 4096;
+
+bool ValidJobIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
+         c == '/' || c == '-';
+}
+
+absl::Status ValidateJoin(const v1::Join& join, bool port_fixed) {
+  const std::string& id = join.job_id();
+  if (id.empty() || id.size() > kMaxJobIdBytes ||
+      !std::all_of(id.begin(), id.end(), ValidJobIdChar)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id must be 1..", kMaxJobIdBytes,
+        " characters of [A-Za-z0-9._:/-], got ", id.size(), " bytes"));
+  }
+  const auto& node = join.node();
+  if (node.hostname().empty() || node.hostname().size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hostname must be 1..", kMaxHostBytes, " bytes"));
+  }
+  if (node.incarnation() == 0) {
+    return absl::InvalidArgumentError("node incarnation must not be 0");
+  }
+  if (join.address().empty() || join.address().size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node address must be 1..", kMaxHostBytes, " bytes"));
+  }
+  if (join.local_world_size() < 1 ||
+      join.local_world_size() > kMaxLocalWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_world_size ", join.local_world_size(),
+                     " must be 1..", kMaxLocalWorldSize));
+  }
+  if (join.node_rank_hint() < -1 || join.node_rank_hint() >= kMaxNodesPerJob) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_rank_hint ", join.node_rank_hint(),
+                     " must be -1 (none) or 0..", kMaxNodesPerJob - 1));
+  }
+  const int32_t port = join.master_port_candidate();
+  if ((port != 0 || !port_fixed) && (port < 1 || port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master_port_candidate ", port, " is not a port (1..65535)"));
+  }
+  return absl::OkStatus();
+}
+
+v1::ServerMessage RestartMessage(int64_t round,
+                                 v1::RestartRequired::Reason reason,
+                                 const std::string& detail,
+                                 int32_t restart_count) {
+  v1::ServerMessage m;
+  auto* r = m.mutable_restart_required();
+  r->set_round(round);
+  r->set_reason(reason);
+  r->set_detail(detail);
+  r->set_restart_count(restart_count);
+  return m;
+}
+
+std::string DescribeFailure(const std::string& node_name,
+                            const v1::WorkerFailure& f) {
+  std::string text = absl::StrCat("worker rank ", f.global_rank(), " (local ",
+                                  f.local_rank(), ") on ", node_name);
+  if (f.signal() != 0) {
+    absl::StrAppend(&text, " was killed by signal ", f.signal());
+  } else {
+    absl::StrAppend(&text, " exited with code ", f.exit_code());
+  }
+  if (!f.message().empty()) {
+    absl::StrAppend(&text, ": ",
+                    f.message().substr(0, kMaxFailureMessageBytes));
+  }
+  return text;
+}
+
+}  // namespace
+
+RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {}
+RendezvousCore::~RendezvousCore() = default;
+
+void RendezvousCore::OnMessage(SessionId session,
+                               const v1::AgentMessage& message, absl::Time now,
+                               Effects* effects) {
+  auto sit = session_jobs_.find(session);
+  if (sit == session_jobs_.end()) {
+    if (message.has_join()) {
+      OnJoin(session, message.join(), now, effects);
+    } else {
+      effects->finishes.emplace_back(
+          session, absl::InvalidArgumentError(
+                       "the first message of a session must be a join"));
+    }
+    return;
+  }
+  Job& job = *jobs_.at(sit->second);
+  Node& node = job.nodes.at(session);
+  node.last_seen = now;
+  switch (message.kind_case()) {
+    case v1::AgentMessage::kJoin:
+      Evict(job, session,
+            absl::InvalidArgumentError(
+                "a session joins once; rejoin a new round with rejoin"),
+            now, effects);
+      return;
+    case v1::AgentMessage::kRejoin:
+      OnRejoin(job, node, message.rejoin(), now, effects);
+      return;
+    case v1::AgentMessage::kWorkerReport:
+      OnWorkerReport(job, node, message.worker_report(), now, effects);
+      return;
+    case v1::AgentMessage::kHeartbeat:
+    case v1::AgentMessage::KIND_NOT_SET:
+      return;
+  }
+}
+
+void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
+                            absl::Time now, Effects* effects) {
+  auto refuse = [&](absl::Status status) {
+    effects->finishes.emplace_back(session, std::move(status));
+  };
+  auto settings = ResolveJobSettings(join.settings());
+  if (!settings.ok()) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "job settings refused: ", settings.status().message())));
+  }
+  if (auto s = ValidateJoin(join, settings->master_port() > 0); !s.ok()) {
+    return refuse(s);
+  }
+
+  auto it = jobs_.find(join.job_id());
+  if (it == jobs_.end()) {
+    if (jobs_.size() >= limits_.max_jobs) {
+      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+          "the service holds ", jobs_.size(), " jobs; the limit is ",
+          limits_.max_jobs)));
+    }
+    auto job = std::make_unique<Job>(limits_.store);
+    job->id = join.job_id();
+    job->settings = *settings;
+    job->round_opened = now;
+    it = jobs_.emplace(job->id, std::move(job)).first;
+  }
+  Job& job = *it->second;
+  if (std::string diff = DescribeSettingsDifference(job.settings, *settings);
+      !diff.empty()) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("join refused: job '", job.id, "' exists with other "
+                     "settings: ", diff)));
+  }
+  if (job.phase == v1::JobStatus::FINISHED ||
+      job.phase == v1::JobStatus::FAILED) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id, "' has already ",
+        job.phase == v1::JobStatus::FINISHED ? "finished" : "failed",
+        "; use a new rendezvous id for a new run")));
+  }
+  if (job.nodes.size() >= static_cast<size_t>(kMaxNodesPerJob)) {
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job.id, "' has ", job.nodes.size(), " nodes; the limit is ",
+        kMaxNodesPerJob)));
+  }
+  if (auto it = job.by_incarnation.find(join.node().incarnation());
+      it != job.by_incarnation.end()) {
+    return refuse(absl::AlreadyExistsError(absl::StrCat(
+        "node incarnation ", join.node().incarnation(), " is already in job '",
+        job.id, "' as ", job.nodes.at(it->second).Name())));
+  }
+  if (auto it = job.by_hint.find(join.node_rank_hint());
+      join.node_rank_hint() >= 0 && it != job.by_hint.end()) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "node rank ", join.node_rank_hint(), " of job '", job.id,
+        "' is held by ", job.nodes.at(it->second).Name(),
+        "; each node needs its own")));
+  }
+
+  Node& node = job.AddNode(session, join);
+  node.last_seen = now;
+  session_jobs_[session] = job.id;
+  job.lease_check = std::min(job.lease_check, now + job.heartbeat_timeout());
+
+  if (job.phase == v1::JobStatus::COLLECTING) {
+    AdmitToCollectingRound(job, node, now, effects);
+    MaybeCloseRound(job, now, effects);
+    return;
+  }
+  // The job runs: the node waits for the next round, which a free slot opens
+  // at once (scale-up).
+  job.SetState(node, v1::NodeStatus::WAITING);
+  if (static_cast<int>(job.ranked.size()) < job.settings.max_nodes()) {
+    OpenNextRound(job, v1::RestartRequired::NODE_WAITING,
+                  absl::StrCat(node.Name(), " joined; admitting it"), now,
+                  effects);
+    return;
+  }
+  v1::ServerMessage m;
+  *m.mutable_progress() = MakeProgress(job, &node, now);
+  effects->messages.emplace_back(session, std::move(m));
+}
+
+void RendezvousCore::AdmitToCollectingRound(Job& job, Node& node,
+                                            absl::Time now, Effects* effects) {
+  job.SetState(node, v1::NodeStatus::JOINED);
+  node.group_rank = -1;
+  node.first_global_rank = -1;
+  if (job.CountIn(v1::NodeStatus::JOINED) >= job.settings.min_nodes()) {
+    job.last_call_deadline =
+        now + absl::Milliseconds(job.settings.last_call_timeout_ms());
+  }
+  job.progress_due = true;
+  v1::ServerMessage m;
+  *m.mutable_progress() = MakeProgress(job, &node, now);
+  effects->messages.emplace_back(node.session, std::move(m));
+}
+
+void RendezvousCore::OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
+                              absl::Time now, Effects* effects) {
+  if (node.state != v1::NodeStatus::PENDING_REJOIN ||
+      rejoin.round() != node.rejoin_round) {
+    Evict(job, node.session,
+          absl::AbortedError(absl::StrCat(
+              "rejoin for round ", rejoin.round(), " refused: job '", job.id,
+              "' is at round ", job.round, " and did not ask ", node.Name(),
+              " to rejoin that round")),
+          now, effects);
+    return;
+  }
+  if (job.settings.master_port() == 0 &&
+      (rejoin.master_port_candidate() < 1 ||
+       rejoin.master_port_candidate() > 65535)) {
+    Evict(job, node.session,
+          absl::InvalidArgumentError(
+              absl::StrCat("master_port_candidate ",
+                           rejoin.master_port_candidate(),
+                           " is not a port (1..65535)")),
+          now, effects);
+    return;
+  }
+  node.join.set_master_port_candidate(rejoin.master_port_candidate());
+  node.rejoin_round = -1;
+  if (job.phase == v1::JobStatus::COLLECTING) {
+    AdmitToCollectingRound(job, node, now, effects);
+    MaybeCloseRound(job, now, effects);
+    return;
+  }
+  // The round closed without this node (it was slow to stop its workers):
+  // it comes in like a new node.
+  job.SetState(node, v1::NodeStatus::WAITING);
+  node.previous_group_rank = -1;
+  if (static_cast<int>(job.ranked.size()) < job.settings.max_nodes()) {
+    OpenNextRound(job, v1::RestartRequired::NODE_WAITING,
+                  absl::StrCat(node.Name(), " rejoined late; admitting it"),
+                  now, effects);
+  }
+}
+
+void RendezvousCore::OnWorkerReport(Job& job, Node& node,
+                                    const v1::WorkerReport& report,
+                                    absl::Time now, Effects* effects) {
+  if (report.round() > job.round) {
+    Evict(job, node.session,
+          absl::InvalidArgumentError(absl::StrCat(
+              "worker report for round ", report.round(), " of job '", job.id,
+              "', which is only at round ", job.round)),
+          now, effects);
+    return;
+  }
+  // Reports of an ended round raced with its end and change nothing.
+  if (report.round() < job.round || job.phase != v1::JobStatus::RUNNING ||
+      node.state != v1::NodeStatus::ACTIVE) {
+    return;
+  }
+  switch (report.state()) {
+    case v1::WorkerReport::RUNNING:
+      node.workers_running = true;
+      return;
+    case v1::WorkerReport::SUCCEEDED: {
+      job.SetState(node, v1::NodeStatus::SUCCEEDED);
+      node.workers_running = false;
+      const bool all = std::all_of(
+          job.ranked.begin(), job.ranked.end(), [&job](SessionId s) {
+            auto it = job.nodes.find(s);
+            return it != job.nodes.end() &&
+                   it->second.state == v1::NodeStatus::SUCCEEDED;
+          });
+      if (all) FinishJob(job, effects);
+      return;
+    }
+    case v1::WorkerReport::FAILED: {
+      node.workers_running = false;
+      const std::string what = DescribeFailure(node.Name(), report.failure());
+      if (job.restart_count >= job.settings.max_restarts()) {
+        FailJob(job,
+                absl::StrCat(what, "; no restarts left (max_restarts=",
+                             job.settings.max_restarts(), ")"),
+                effects);
+        return;
+      }
+      ++job.restart_count;
+      OpenNextRound(job, v1::RestartRequired::WORKER_FAILED,
+                    absl::StrCat(what, "; restart ", job.restart_count, " of ",
+                                 job.settings.max_restarts()),
+                    now, effects);
+      return;
+    }
+    default:
+      Evict(job, node.session,
+            absl::InvalidArgumentError("worker report without a state"), now,
+            effects);
+      return;
+  }
+}
+
+void RendezvousCore::OnSessionClosed(SessionId session, absl::Time now,
+                                     Effects* effects) {
+  auto sit = session_jobs_.find(session);
+  if (sit == session_jobs_.end()) return;
+  RemoveNode(*jobs_.at(sit->second), session, "its session closed", now,
+             effects);
+}
+
+void RendezvousCore::Evict(Job& job, SessionId session,
+                           const absl::Status& status, absl::Time now,
+                           Effects* effects) {
+  effects->finishes.emplace_back(session, status);
+  RemoveNode(job, session, std::string(status.message()), now, effects);
+}
+
+void RendezvousCore::RemoveNode(Job& job, SessionId session,
+                                const std::string& why, absl::Time now,
+                                Effects* effects) {
+  session_jobs_.erase(session);
+  const Node node = job.TakeNode(session);
+  const bool running = job.phase == v1::JobStatus::RUNNING;
+  const bool collecting = job.phase == v1::JobStatus::COLLECTING;
+  const bool member = node.state == v1::NodeStatus::ACTIVE ||
+                      node.state == v1::NodeStatus::PENDING_REJOIN ||
+                      (node.state == v1::NodeStatus::JOINED && job.round > 0 &&
+                       node.previous_group_rank >= 0);
+  if ((running || collecting) && member) {
+    job.lost.push_back(absl::StrCat(node.Name(), " (", why, ")"));
+    if (job.lost.size() > kMaxLostShown) job.lost.pop_front();
+  }
+
+  if (job.nodes.empty()) {
+    ForgetJob(job.id, effects);
+    return;
+  }
+  if (running && node.state == v1::NodeStatus::ACTIVE) {
+    OpenNextRound(job, v1::RestartRequired::NODE_LOST,
+                  absl::StrCat("node ", node.Name(), " was lost: ", why), now,
+                  effects);
+    return;
+  }
+  if (collecting) {
+    if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
+      job.last_call_deadline = absl::InfiniteFuture();
+    }
+    job.progress_due = true;
+    MaybeCloseRound(job, now, effects);
+  }
+}
+
+void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
+                                   const std::string& detail, absl::Time now,
+                                   Effects* effects) {
+  ++job.round;
+  job.phase = v1::JobStatus::COLLECTING;
+  job.round_opened = now;
+  job.last_call_deadline = absl::InfiniteFuture();
+  job.store.Reset(absl::AbortedError(absl::StrCat(
+                      "round ", job.round - 1, " of job '", job.id,
+                      "' ended: ", detail)),
+                  &effects->fired);
+  for (size_t i = 0; i < job.ranked.size(); ++i) {
+    if (auto it = job.nodes.find(job.ranked[i]); it != job.nodes.end()) {
+      it->second.previous_group_rank = static_cast<int32_t>(i);
+    }
+  }
+  job.ranked.clear();
+  job.world_size = 0;
+  job.master_addr.clear();
+  job.master_port = 0;
+
+  std::vector<Node*> waiting;
+  for (auto& [session, node] : job.nodes) {
+    node.group_rank = -1;
+    node.first_global_rank = -1;
+    node.workers_running = false;
+    switch (node.state) {
+      case v1::NodeStatus::ACTIVE:
+      case v1::NodeStatus::SUCCEEDED:
+        job.SetState(node, v1::NodeStatus::PENDING_REJOIN);
+        node.rejoin_round = job.round;
+        effects->messages.emplace_back(
+            session,
+            RestartMessage(job.round, reason, detail, job.restart_count));
+        break;
+      case v1::NodeStatus::WAITING:
+        node.previous_group_rank = -1;
+        waiting.push_back(&node);
+        break;
+      default:
+        // PENDING_REJOIN from an earlier round: still stopping its workers;
+        // its rejoin for that round is accepted into this one.
+        break;
+    }
+  }
+  for (Node* node : waiting) AdmitToCollectingRound(job, *node, now, effects);
+  job.progress_due = true;
+  MaybeCloseRound(job, now, effects);
+}
+
+void RendezvousCore::MaybeCloseRound(Job& job, absl::Time now,
+                                     Effects* effects) {
+  if (job.phase != v1::JobStatus::COLLECTING) return;
+  const int joined = job.CountIn(v1::NodeStatus::JOINED);
+  const int pending = job.CountIn(v1::NodeStatus::PENDING_REJOIN);
+  if (joined == 0 || joined < job.settings.min_nodes()) return;
+  const bool last_call_over = now >= job.last_call_deadline;
+  // A full round still waits for the last call when nodes of the previous
+  // round are on their way back: they rank before newcomers.
+  if (joined >= job.settings.max_nodes() && (pending == 0 || last_call_over)) {
+    return CloseRound(job, effects);
+  }
+  const bool everyone_back = job.round > 0 && pending == 0;
+  if (everyone_back || last_call_over) CloseRound(job, effects);
+}
+
+void RendezvousCore::CloseRound(Job& job, Effects* effects) {
+  std::vector<Node*> members;
+  for (auto& [session, node] : job.nodes) {
+    if (node.state == v1::NodeStatus::JOINED) members.push_back(&node);
+  }
+  // Hints first; then survivors in their old order; then newcomers by name.
+  auto key = [](const Node* n) {
+    const int32_t hint = n->join.node_rank_hint();
+    const int32_t prev = n->previous_group_rank;
+    return std::make_tuple(hint < 0, hint, prev < 0, prev,
+                           std::cref(n->join.node().hostname()),
+                           n->join.node().pid(), n->join.node().incarnation());
+  };
+  std::sort(members.begin(), members.end(),
+            [&key](const Node* a, const Node* b) { return key(a) < key(b); });
+  // Hosts beyond max_nodes wait for the next round.
+  if (members.size() > static_cast<size_t>(job.settings.max_nodes())) {
+    for (size_t i = job.settings.max_nodes(); i < members.size(); ++i) {
+      job.SetState(*members[i], v1::NodeStatus::WAITING);
+    }
+    members.resize(job.settings.max_nodes());
+  }
+
+  int32_t next_rank = 0;
+  for (Node* node : members) {
+    node->first_global_rank = next_rank;
+    next_rank += node->join.local_world_size();
+  }
+  const Node& master = *members.front();
+  job.phase = v1::JobStatus::RUNNING;
+  job.world_size = next_rank;
+  job.master_addr = master.join.address();
+  job.master_port = job.settings.master_port() > 0
+                        ? job.settings.master_port()
+                        : master.join.master_port_candidate();
+  job.last_call_deadline = absl::InfiniteFuture();
+  job.progress_due = false;
+  job.ranked.clear();
+  for (size_t i = 0; i < members.size(); ++i) {
+    Node& node = *members[i];
+    job.SetState(node, v1::NodeStatus::ACTIVE);
+    node.group_rank = static_cast<int32_t>(i);
+    job.ranked.push_back(node.session);
+
+    v1::ServerMessage m;
+    auto* a = m.mutable_assignment();
+    a->set_round(job.round);
+    a->set_group_rank(node.group_rank);
+    a->set_group_world_size(static_cast<int32_t>(members.size()));
+    a->set_first_global_rank(node.first_global_rank);
+    a->set_world_size(job.world_size);
+    a->set_master_addr(job.master_addr);
+    a->set_master_port(job.master_port);
+    a->set_restart_count(job.restart_count);
+    a->set_max_restarts(job.settings.max_restarts());
+    a->set_job_id(job.id);
+    effects->messages.emplace_back(node.session, std::move(m));
+  }
+}
+
+void RendezvousCore::FailJob(Job& job, const std::string& reason,
+                             Effects* effects) {
+  job.phase = v1::JobStatus::FAILED;
+  job.failure = reason;
+  job.progress_due = false;
+  job.store.Reset(absl::AbortedError(absl::StrCat("job '", job.id,
+                                                  "' failed: ", reason)),
+                  &effects->fired);
+  for (const auto& [session, node] : job.nodes) {
+    v1::ServerMessage m;
+    m.mutable_job_failed()->set_round(job.round);
+    m.mutable_job_failed()->set_reason(reason);
+    effects->messages.emplace_back(session, std::move(m));
+  }
+}
+
+void RendezvousCore::FinishJob(Job& job, Effects* effects) {
+  job.phase = v1::JobStatus::FINISHED;
+  for (const auto& [session, node] : job.nodes) {
+    v1::ServerMessage m;
+    m.mutable_job_finished()->set_round(job.round);
+    effects->messages.emplace_back(session, std::move(m));
+  }
+}
+
+void RendezvousCore::ForgetJob(const std::string& job_id, Effects* effects) {
+  auto it = jobs_.find(job_id);
+  it->second->store.Reset(
+      absl::AbortedError(absl::StrCat("job '", job_id, "' has no nodes left")),
+      &effects->fired);
+  for (const auto& [session, node] : it->second->nodes) {
+    session_jobs_.erase(session);
+  }
+  jobs_.erase(it);
+}
+
+std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
+  std::vector<std::string> joined, pending;
+  for (const auto& [session, node] : job.nodes) {
+    if (node.state == v1::NodeStatus::JOINED) joined.push_back(node.Name());
+    if (node.state == v1::NodeStatus::PENDING_REJOIN) {
+      pending.push_back(node.Name());
+    }
+  }
+  std::string reason = absl::StrCat(
+      "round ", job.round, " of job '", job.id, "' has ", joined.size(),
+      " of at least ", job.settings.min_nodes(), " nodes after the join "
+      "timeout of ", absl::FormatDuration(
+          absl::Milliseconds(job.settings.join_timeout_ms())),
+      "; joined: [", absl::StrJoin(joined, ", "), "]");
+  const v1::Progress progress = MakeProgress(job, nullptr, job.round_opened);
+  if (progress.missing_node_ranks_size() > 0) {
+    absl::StrAppend(&reason, "; missing node ranks: [",
+                    absl::StrJoin(progress.missing_node_ranks(), ", "), "]");
+  }
+  if (!pending.empty()) {
+    absl::StrAppend(&reason, "; not rejoined: [", absl::StrJoin(pending, ", "),
+                    "]");
+  }
+  if (!job.lost.empty()) {
+    absl::StrAppend(&reason, "; lost: [", absl::StrJoin(job.lost, ", "), "]");
+  }
+  return reason;
+}
+
+void RendezvousCore::Tick(absl::Time now, Effects* effects) {
+  std::vector<std::string> ids;
+  ids.reserve(jobs_.size());
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  for (const auto& id : ids) {
+    // A job may forget itself while it ticks; look each one up.
+    auto it = jobs_.find(id);
+    if (it != jobs_.end()) TickJob(*it->second, now, effects);
+  }
+}
+
+void RendezvousCore::TickJob(Job& job, absl::Time now, Effects* effects) {
+  const std::string id = job.id;
+  auto alive = [this, &id] { return jobs_.contains(id); };
+
+  job.store.ExpireWaiters(now, &effects->fired);
+
+  if (now >= job.lease_check) {
+    std::vector<SessionId> expired;
+    absl::Time earliest = absl::InfiniteFuture();
+    for (const auto& [session, node] : job.nodes) {
+      const absl::Time expiry = node.last_seen + job.heartbeat_timeout();
+      if (expiry <= now) {
+        expired.push_back(session);
+      } else {
+        earliest = std::min(earliest, expiry);
+      }
+    }
+    job.lease_check = earliest;
+    for (SessionId session : expired) {
+      const Node& node = job.nodes.at(session);
+      const std::string name = node.Name();
+      Evict(job, session,
+            absl::AbortedError(absl::StrCat(
+                "node ", name, " of job '", id, "' was declared lost after ",
+                absl::FormatDuration(job.heartbeat_timeout()),
+                " without a heartbeat; its round has ended")),
+            now, effects);
+      if (!alive()) return;
+    }
+  }
+
+  if (job.phase == v1::JobStatus::COLLECTING) {
+    MaybeCloseRound(job, now, effects);
+    if (job.phase == v1::JobStatus::COLLECTING && now >= job.join_deadline() &&
+        job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
+      FailJob(job, JoinTimeoutReason(job), effects);
+    }
+  }
+  if (job.phase == v1::JobStatus::COLLECTING && job.progress_due &&
+      now >= job.next_progress) {
+    BroadcastProgress(job, now, effects);
+  }
+}
+
+absl::Time RendezvousCore::NextDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const auto& [id, job] : jobs_) {
+    next = std::min({next, job->lease_check, job->store.NextDeadline()});
+    if (job->phase != v1::JobStatus::COLLECTING) continue;
+    next = std::min(next, job->last_call_deadline);
+    if (job->CountIn(v1::NodeStatus::JOINED) < job->settings.min_nodes()) {
+      next = std::min(next, job->join_deadline());
+    }
+    if (job->progress_due) next = std::min(next, job->next_progress);
+  }
+  return next;
+}
+
+void RendezvousCore::BroadcastProgress(Job& job, absl::Time now,
+                                       Effects* effects) {
+  job.progress_due = false;
+  job.next_progress = now + limits_.progress_interval;
+  const v1::Progress progress = MakeProgress(job, nullptr, now);
+  for (const auto& [session, node] : job.nodes) {
+    if (node.state != v1::NodeStatus::JOINED &&
+        node.state != v1::NodeStatus::PENDING_REJOIN) {
+      continue;
+    }
+    v1::ServerMessage m;
+    *m.mutable_progress() = progress;
+    effects->messages.emplace_back(session, std::move(m));
+  }
+}
+
+v1::Progress RendezvousCore::MakeProgress(const Job& job, const Node* node,
+                                          absl::Time now) const {
+  v1::Progress p;
+  p.set_round(job.round);
+  p.set_min_nodes(job.settings.min_nodes());
+  p.set_max_nodes(job.settings.max_nodes());
+  p.set_joined(job.CountIn(v1::NodeStatus::JOINED));
+  p.set_pending_count(job.CountIn(v1::NodeStatus::PENDING_REJOIN));
+  p.set_last_call_remaining_ms(
+      job.last_call_deadline == absl::InfiniteFuture()
+          ? -1
+          : std::max<int64_t>(
+                0, absl::ToInt64Milliseconds(job.last_call_deadline - now)));
+  p.set_join_timeout_remaining_ms(std::max<int64_t>(
+      0, absl::ToInt64Milliseconds(job.join_deadline() - now)));
+  if (node != nullptr) {
+    // A node's own acknowledgement stays O(1): names come with broadcasts.
+    p.set_waiting_for_slot(node->state == v1::NodeStatus::WAITING);
+    return p;
+  }
+  for (const auto& [session, n] : job.nodes) {
+    if (n.state == v1::NodeStatus::PENDING_REJOIN &&
+        p.pending_size() < kMaxNamesInProgress) {
+      p.add_pending(n.Name());
+    }
+  }
+  if (!job.by_hint.empty()) {
+    for (int32_t r = 0; r < job.settings.min_nodes(); ++r) {
+      auto it = job.by_hint.find(r);
+      if (it == job.by_hint.end() ||
+          job.nodes.at(it->second).state != v1::NodeStatus::JOINED) {
+        p.add_missing_node_ranks(r);
+      }
+    }
+  }
+  return p;
+}
+
+absl::StatusOr<KvStore*> RendezvousCore::Store(const v1::StoreScope& scope) {
+  auto it = jobs_.find(scope.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no job '", scope.job_id(), "' on this rendezvous"));
+  }
+  Job& job = *it->second;
+  if (scope.round() != job.round) {
+    return absl::AbortedError(
+        absl::StrCat("store request for round ", scope.round(), " of job '",
+                     job.id, "', which is at round ", job.round));
+  }
+  return &job.store;
+}
+
+v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
+  v1::JobStatus s;
+  s.set_job_id(job.id);
+  s.set_phase(job.phase);
+  s.set_round(job.round);
+  *s.mutable_settings() = job.settings;
+  s.set_restart_count(job.restart_count);
+  s.set_world_size(job.world_size);
+  s.set_master_addr(job.master_addr);
+  s.set_master_port(job.master_port);
+  s.set_failure(job.failure);
+  s.set_num_keys(job.store.NumKeys());
+  for (const auto& lost : job.lost) s.add_lost_nodes(lost);
+
+  std::vector<const Node*> order;
+  for (SessionId session : job.ranked) {
+    if (auto it = job.nodes.find(session); it != job.nodes.end()) {
+      order.push_back(&it->second);
+    }
+  }
+  for (const auto& [session, node] : job.nodes) {
+    if (node.group_rank < 0) order.push_back(&node);
+  }
+  for (const Node* node : order) {
+    auto* n = s.add_nodes();
+    *n->mutable_node() = node->join.node();
+    n->set_address(node->join.address());
+    n->set_state(node->state);
+    n->set_local_world_size(node->join.local_world_size());
+    n->set_node_rank_hint(node->join.node_rank_hint());
+    n->set_group_rank(node->group_rank);
+    n->set_first_global_rank(node->first_global_rank);
+    n->set_heartbeat_age_ms(absl::ToInt64Milliseconds(now - node->last_seen));
+    n->set_workers_running(node->workers_running);
+  }
+  return s;
+}
+
+std::vector<v1::JobStatus> RendezvousCore::ListJobs(absl::Time now) const {
+  std::vector<v1::JobStatus> jobs;
+  for (const auto& [id, job] : jobs_) jobs.push_back(MakeStatus(*job, now));
+  return jobs;
+}
+
+absl::StatusOr<v1::JobStatus> RendezvousCore::DescribeJob(
+    const std::string& job_id, absl::Time now) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  }
+  return MakeStatus(*it->second, now);
+}
+
+}  // namespace ctrun

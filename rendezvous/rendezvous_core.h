@@ -1,0 +1,146 @@
+// RendezvousCore: jobs, rounds, leases and each job's KV store, as a pure
+// state machine.
+//
+// Inputs are the agents' session messages, the end of a session, and the
+// passage of time (Tick); each input appends its decisions to `Effects`:
+// messages to send on sessions, sessions to end with a status, and store
+// callbacks to run. The core does no I/O, owns no thread and reads no clock:
+// every input carries `now`, a monotonic time. The gRPC service applies the
+// effects after releasing its lock; tests read them directly.
+//
+// Not thread-safe: the owner serialises all calls.
+//
+// Semantics (DESIGN.md, "Rendezvous semantics"):
+// - A job is created by its first join and keeps its settings.
+// - A round closes when max_nodes have joined; or when at least min_nodes
+//   have joined and either the last-call window has passed or, in a round
+//   after the first, every live node of the job has rejoined. Fewer than
+//   min_nodes when the join timeout passes fails the job.
+// - Group ranks: nodes with a rank hint first (by hint), then nodes of the
+//   previous round in their previous order, then new nodes by hostname, pid
+//   and incarnation. Global ranks are prefix sums of local world sizes.
+// - A closed session loses its node at once; a node silent for
+//   heartbeat_timeout is lost and its session ended with ABORTED.
+// - A worker failure opens the next round and spends one restart; a lost node
+//   or a waiting node (while below max_nodes) opens it for free. A failure
+//   with no restart left fails the job. All nodes succeeding finishes it.
+// - A job is forgotten when its last session ends.
+#ifndef CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_
+#define CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ctrun/v1/admin.pb.h"
+#include "ctrun/v1/rendezvous.pb.h"
+#include "ctrun/v1/store.pb.h"
+#include "rendezvous/kv_store.h"
+
+namespace ctrun {
+
+// Chosen by the owner, unique for the core's lifetime.
+using SessionId = uint64_t;
+
+struct Effects {
+  // In order per session.
+  std::vector<std::pair<SessionId, v1::ServerMessage>> messages;
+  // End these sessions with this status once their messages are sent.
+  std::vector<std::pair<SessionId, absl::Status>> finishes;
+  std::vector<KvStore::Fired> fired;
+};
+
+struct RendezvousLimits {
+  size_t max_jobs = 10000;
+  KvStoreLimits store;
+  // Collecting rounds tell their nodes how they stand at most this often.
+  absl::Duration progress_interval = absl::Seconds(1);
+};
+
+class RendezvousCore {
+ public:
+  explicit RendezvousCore(RendezvousLimits limits = {});
+  ~RendezvousCore();
+
+  RendezvousCore(const RendezvousCore&) = delete;
+  RendezvousCore& operator=(const RendezvousCore&) = delete;
+
+  // A message from the agent on `session`. The first one must be a join;
+  // a refused message ends the session (see rendezvous.proto for codes).
+  void OnMessage(SessionId session, const v1::AgentMessage& message,
+                 absl::Time now, Effects* effects);
+  // The session's stream ended (closed by the agent or broken). Unknown or
+  // already ended sessions are ignored.
+  void OnSessionClosed(SessionId session, absl::Time now, Effects* effects);
+  // Applies everything due at `now`: lease expiry, last calls, join
+  // timeouts, progress, store wait deadlines.
+  void Tick(absl::Time now, Effects* effects);
+  // When Tick next has something to do; InfiniteFuture when nothing is due.
+  // May be early (Tick then does nothing), never late.
+  absl::Time NextDeadline() const;
+
+  // The store of the scope's job, fenced by round: NOT_FOUND for an unknown
+  // job, ABORTED for a round other than the job's current one. Valid until
+  // the next call into the core.
+  absl::StatusOr<KvStore*> Store(const v1::StoreScope& scope);
+
+  std::vector<v1::JobStatus> ListJobs(absl::Time now) const;
+  absl::StatusOr<v1::JobStatus> DescribeJob(const std::string& job_id,
+                                            absl::Time now) const;
+
+  size_t num_jobs() const { return jobs_.size(); }
+
+ private:
+  struct Node;
+  struct Job;
+
+  void OnJoin(SessionId session, const v1::Join& join, absl::Time now,
+              Effects* effects);
+  void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
+                absl::Time now, Effects* effects);
+  void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
+                      absl::Time now, Effects* effects);
+
+  // Removes the node of `session` from its job, with the consequences of its
+  // state: a lost member opens the next round. `why` is for operators.
+  // Forgets the job when it was the last node.
+  void RemoveNode(Job& job, SessionId session, const std::string& why,
+                  absl::Time now, Effects* effects);
+  // Ends `session` with `status` and removes its node.
+  void Evict(Job& job, SessionId session, const absl::Status& status,
+             absl::Time now, Effects* effects);
+
+  void AdmitToCollectingRound(Job& job, Node& node, absl::Time now,
+                              Effects* effects);
+  void OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
+                     const std::string& detail, absl::Time now,
+                     Effects* effects);
+  void MaybeCloseRound(Job& job, absl::Time now, Effects* effects);
+  void CloseRound(Job& job, Effects* effects);
+  void FailJob(Job& job, const std::string& reason, Effects* effects);
+  void FinishJob(Job& job, Effects* effects);
+  void ForgetJob(const std::string& job_id, Effects* effects);
+  void TickJob(Job& job, absl::Time now, Effects* effects);
+
+  v1::Progress MakeProgress(const Job& job, const Node* node,
+                            absl::Time now) const;
+  void BroadcastProgress(Job& job, absl::Time now, Effects* effects);
+  v1::JobStatus MakeStatus(const Job& job, absl::Time now) const;
+  std::string JoinTimeoutReason(const Job& job) const;
+
+  const RendezvousLimits limits_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_;
+  absl::flat_hash_map<SessionId, std::string> session_jobs_;
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_

@@ -1,0 +1,668 @@
+#include "rendezvous/rendezvous_core.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace ctrun {
+namespace {
+
+using v1::RestartRequired;
+
+// Drives a RendezvousCore with a fake clock and keeps what it said to each
+// session.
+class Harness {
+ public:
+  explicit Harness(int min_nodes = 2, int max_nodes = 2, int max_restarts = 1) {
+    settings_.set_min_nodes(min_nodes);
+    settings_.set_max_nodes(max_nodes);
+    settings_.set_max_restarts(max_restarts);
+    settings_.set_join_timeout_ms(60'000);
+    settings_.set_last_call_timeout_ms(10'000);
+    settings_.set_heartbeat_timeout_ms(3'000);
+  }
+
+  v1::JobSettings& settings() { return settings_; }
+  absl::Time now() const { return now_; }
+  RendezvousCore& core() { return core_; }
+
+  v1::Join MakeJoin(SessionId s, const std::string& host, int workers = 1,
+                    int hint = -1) {
+    v1::Join join;
+    join.set_job_id("job");
+    *join.mutable_settings() = settings_;
+    join.mutable_node()->set_hostname(host);
+    join.mutable_node()->set_pid(static_cast<int32_t>(1000 + s));
+    join.mutable_node()->set_incarnation(0xC0FFEE00 + s);
+    join.set_address("10.0.0." + std::to_string(s));
+    join.set_local_world_size(workers);
+    join.set_node_rank_hint(hint);
+    join.set_master_port_candidate(static_cast<int32_t>(20000 + s));
+    return join;
+  }
+
+  void Join(SessionId s, const std::string& host, int workers = 1,
+            int hint = -1) {
+    SendJoin(s, MakeJoin(s, host, workers, hint));
+  }
+  void SendJoin(SessionId s, const v1::Join& join) {
+    joined_.insert(s);
+    Send(s, [&](v1::AgentMessage& m) { *m.mutable_join() = join; });
+  }
+  void Rejoin(SessionId s, int64_t round) {
+    Send(s, [&](v1::AgentMessage& m) {
+      m.mutable_rejoin()->set_round(round);
+      m.mutable_rejoin()->set_master_port_candidate(
+          static_cast<int32_t>(30000 + s));
+    });
+  }
+  void Report(SessionId s, int64_t round, v1::WorkerReport::State state) {
+    Send(s, [&](v1::AgentMessage& m) {
+      auto* r = m.mutable_worker_report();
+      r->set_round(round);
+      r->set_state(state);
+      if (state == v1::WorkerReport::FAILED) {
+        r->mutable_failure()->set_global_rank(3);
+        r->mutable_failure()->set_exit_code(7);
+      }
+    });
+  }
+  void Heartbeat(SessionId s) {
+    Send(s, [](v1::AgentMessage& m) { m.mutable_heartbeat(); });
+  }
+  void Close(SessionId s) {
+    joined_.erase(s);
+    Effects fx;
+    core_.OnSessionClosed(s, now_, &fx);
+    Absorb(fx);
+  }
+  // Moves the clock in steps of at most 500 ms; every joined session that is
+  // not silenced heartbeats at each step, like a healthy agent.
+  void Advance(absl::Duration d) {
+    const absl::Time end = now_ + d;
+    while (now_ < end) {
+      now_ = std::min(end, now_ + absl::Milliseconds(500));
+      for (SessionId s : joined_) {
+        if (!silent_.contains(s) && !ended_.contains(s)) Heartbeat(s);
+      }
+      Effects fx;
+      core_.Tick(now_, &fx);
+      Absorb(fx);
+    }
+  }
+  void Silence(SessionId s) { silent_.insert(s); }
+
+  // The latest message of a kind sent to `s`, if any since the last Clear.
+  std::optional<v1::Assignment> LastAssignment(SessionId s) const {
+    return Last<v1::Assignment>(s, [](const v1::ServerMessage& m) {
+      return m.has_assignment() ? std::optional(m.assignment()) : std::nullopt;
+    });
+  }
+  std::optional<v1::RestartRequired> LastRestart(SessionId s) const {
+    return Last<v1::RestartRequired>(s, [](const v1::ServerMessage& m) {
+      return m.has_restart_required() ? std::optional(m.restart_required())
+                                      : std::nullopt;
+    });
+  }
+  std::optional<v1::JobFailed> LastFailed(SessionId s) const {
+    return Last<v1::JobFailed>(s, [](const v1::ServerMessage& m) {
+      return m.has_job_failed() ? std::optional(m.job_failed()) : std::nullopt;
+    });
+  }
+  std::optional<v1::Progress> LastProgress(SessionId s) const {
+    return Last<v1::Progress>(s, [](const v1::ServerMessage& m) {
+      return m.has_progress() ? std::optional(m.progress()) : std::nullopt;
+    });
+  }
+  bool Finished(SessionId s) const {
+    return std::any_of(sent_.at_or(s).begin(), sent_.at_or(s).end(),
+                       [](const auto& m) { return m.has_job_finished(); });
+  }
+  std::optional<absl::Status> Ended(SessionId s) const {
+    auto it = ended_.find(s);
+    if (it == ended_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Clear() { sent_.map.clear(); }
+
+ private:
+  struct Log {
+    std::map<SessionId, std::vector<v1::ServerMessage>> map;
+    const std::vector<v1::ServerMessage>& at_or(SessionId s) const {
+      static const std::vector<v1::ServerMessage> kNone;
+      auto it = map.find(s);
+      return it == map.end() ? kNone : it->second;
+    }
+  };
+
+  template <typename T, typename F>
+  std::optional<T> Last(SessionId s, F pick) const {
+    std::optional<T> last;
+    for (const auto& m : sent_.at_or(s)) {
+      if (auto v = pick(m)) last = v;
+    }
+    return last;
+  }
+
+  template <typename F>
+  void Send(SessionId s, F fill) {
+    v1::AgentMessage m;
+    fill(m);
+    Effects fx;
+    core_.OnMessage(s, m, now_, &fx);
+    Absorb(fx);
+  }
+
+  void Absorb(Effects& fx) {
+    for (auto& [s, m] : fx.messages) sent_.map[s].push_back(std::move(m));
+    for (auto& [s, status] : fx.finishes) ended_[s] = status;
+    for (auto& f : fx.fired) f.callback(std::move(f.result));
+  }
+
+  v1::JobSettings settings_;
+  RendezvousCore core_;
+  absl::Time now_ = absl::UnixEpoch() + absl::Hours(100);
+  Log sent_;
+  std::map<SessionId, absl::Status> ended_;
+  std::set<SessionId> joined_;
+  std::set<SessionId> silent_;
+};
+
+TEST_CASE("Round closes at max nodes without waiting for last call",
+          "[rendezvous][unit]") {
+  Harness h(1, 2);
+  h.Join(1, "a");
+  CHECK_FALSE(h.LastAssignment(1));
+  h.Join(2, "b");
+  auto a1 = h.LastAssignment(1);
+  auto a2 = h.LastAssignment(2);
+  REQUIRE(a1);
+  REQUIRE(a2);
+  CHECK(a1->round() == 0);
+  CHECK(a1->group_world_size() == 2);
+  CHECK(a1->world_size() == 2);
+  CHECK(a1->job_id() == "job");
+}
+
+TEST_CASE("Round below max closes when the last call window passes",
+          "[rendezvous][unit]") {
+  Harness h(2, 4);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  CHECK_FALSE(h.LastAssignment(1));
+  CHECK(h.core().NextDeadline() <= h.now() + absl::Seconds(10));
+  h.Advance(absl::Seconds(9));
+  CHECK_FALSE(h.LastAssignment(1));
+  h.Advance(absl::Seconds(1));
+  REQUIRE(h.LastAssignment(1));
+  CHECK(h.LastAssignment(1)->world_size() == 2);
+}
+
+TEST_CASE("Each join after min extends the last call", "[rendezvous][unit]") {
+  Harness h(2, 4);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Advance(absl::Seconds(8));
+  h.Join(3, "c");
+  h.Advance(absl::Seconds(8));
+  CHECK_FALSE(h.LastAssignment(1));
+  h.Advance(absl::Seconds(2));
+  REQUIRE(h.LastAssignment(3));
+  CHECK(h.LastAssignment(3)->group_world_size() == 3);
+}
+
+TEST_CASE("Join timeout below min fails the job naming who is missing",
+          "[rendezvous][unit]") {
+  Harness h(3, 3);
+  h.Join(1, "a", 1, 0);
+  h.Join(2, "b", 1, 2);
+  h.Advance(absl::Seconds(59));
+  CHECK_FALSE(h.LastFailed(1));
+  h.Advance(absl::Seconds(1));
+  auto failed = h.LastFailed(1);
+  REQUIRE(failed);
+  CHECK(failed->reason().find("2 of at least 3 nodes") != std::string::npos);
+  CHECK(failed->reason().find("a:1001") != std::string::npos);
+  CHECK(failed->reason().find("missing node ranks: [1]") != std::string::npos);
+  REQUIRE(h.LastFailed(2));
+}
+
+TEST_CASE("Group ranks follow hints then hostnames", "[rendezvous][unit]") {
+  Harness h(4, 4);
+  h.Join(1, "zeta");
+  h.Join(2, "alpha");
+  h.Join(3, "mid", 1, 1);
+  h.Join(4, "last", 1, 0);
+  CHECK(h.LastAssignment(4)->group_rank() == 0);
+  CHECK(h.LastAssignment(3)->group_rank() == 1);
+  CHECK(h.LastAssignment(2)->group_rank() == 2);
+  CHECK(h.LastAssignment(1)->group_rank() == 3);
+}
+
+TEST_CASE("Global ranks are prefix sums of heterogeneous local world sizes",
+          "[rendezvous][unit]") {
+  Harness h(3, 3);
+  h.Join(1, "a", 4);
+  h.Join(2, "b", 1);
+  h.Join(3, "c", 3);
+  CHECK(h.LastAssignment(1)->first_global_rank() == 0);
+  CHECK(h.LastAssignment(2)->first_global_rank() == 4);
+  CHECK(h.LastAssignment(3)->first_global_rank() == 5);
+  CHECK(h.LastAssignment(3)->world_size() == 8);
+}
+
+TEST_CASE("Master address and port come from group rank 0",
+          "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "b");
+  h.Join(2, "a");
+  auto a = h.LastAssignment(1);
+  CHECK(a->master_addr() == "10.0.0.2");
+  CHECK(a->master_port() == 20002);
+}
+
+TEST_CASE("A fixed master port overrides the candidates", "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.settings().set_master_port(29500);
+  h.Join(1, "a");
+  CHECK(h.LastAssignment(1)->master_port() == 29500);
+}
+
+TEST_CASE("A closed session during the round loses its node at once",
+          "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Close(2);
+  auto restart = h.LastRestart(1);
+  REQUIRE(restart);
+  CHECK(restart->reason() == RestartRequired::NODE_LOST);
+  CHECK(restart->round() == 1);
+  CHECK(restart->detail().find("b:1002") != std::string::npos);
+  CHECK(restart->restart_count() == 0);
+}
+
+TEST_CASE("A node without heartbeats is lost after the heartbeat timeout",
+          "[rendezvous][unit]") {
+  Harness h(1, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  REQUIRE(h.LastAssignment(1));
+  h.Silence(2);
+  h.Advance(absl::Milliseconds(2500));
+  CHECK_FALSE(h.Ended(2));
+  // Node 2 has been silent for 3.5 s > 3 s.
+  h.Advance(absl::Seconds(1));
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsAborted(*h.Ended(2)));
+  CHECK(h.Ended(2)->message().find("without a heartbeat") != std::string::npos);
+  CHECK_FALSE(h.Ended(1));
+  REQUIRE(h.LastRestart(1));
+  CHECK(h.LastRestart(1)->reason() == RestartRequired::NODE_LOST);
+}
+
+TEST_CASE("Heartbeats keep a node alive past the timeout",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  h.Advance(absl::Seconds(20));
+  CHECK_FALSE(h.Ended(1));
+}
+
+TEST_CASE("A restart round closes as soon as every survivor rejoined",
+          "[rendezvous][unit]") {
+  Harness h(1, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  h.Close(3);
+  h.Rejoin(1, 1);
+  CHECK_FALSE(h.LastAssignment(1)->round() == 1);
+  h.Rejoin(2, 1);
+  auto a = h.LastAssignment(1);
+  REQUIRE(a->round() == 1);
+  CHECK(a->world_size() == 2);
+}
+
+TEST_CASE("Survivors keep their relative order in the next round",
+          "[rendezvous][unit]") {
+  Harness h(1, 3);
+  h.Join(1, "c", 1, -1);
+  h.Join(2, "b");
+  h.Join(3, "a");
+  // Ranks: a=0, b=1, c=2. Lose a; b and c keep their order.
+  h.Close(3);
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  CHECK(h.LastAssignment(2)->group_rank() == 0);
+  CHECK(h.LastAssignment(1)->group_rank() == 1);
+}
+
+TEST_CASE("A worker failure spends one restart and restarts every node",
+          "[rendezvous][unit]") {
+  Harness h(2, 2, 1);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  for (SessionId s : {1, 2}) {
+    auto r = h.LastRestart(s);
+    REQUIRE(r);
+    CHECK(r->reason() == RestartRequired::WORKER_FAILED);
+    CHECK(r->restart_count() == 1);
+    CHECK(r->detail().find("exited with code 7") != std::string::npos);
+  }
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  CHECK(h.LastAssignment(1)->restart_count() == 1);
+}
+
+TEST_CASE("A failure with no restart left fails the job",
+          "[rendezvous][unit]") {
+  Harness h(2, 2, 0);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(2, 0, v1::WorkerReport::FAILED);
+  auto f = h.LastFailed(1);
+  REQUIRE(f);
+  CHECK(f->reason().find("no restarts left") != std::string::npos);
+  CHECK(h.core().DescribeJob("job", h.now())->phase() ==
+        v1::JobStatus::FAILED);
+}
+
+TEST_CASE("A lost node spends no restart", "[rendezvous][unit]") {
+  Harness h(1, 2, 0);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Close(2);
+  h.Rejoin(1, 1);
+  auto a = h.LastAssignment(1);
+  CHECK(a->round() == 1);
+  CHECK(a->restart_count() == 0);
+}
+
+TEST_CASE("All nodes succeeding finishes the job", "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(1, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK_FALSE(h.Finished(1));
+  h.Report(2, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK(h.Finished(1));
+  CHECK(h.Finished(2));
+  // The job is kept until the last session ends, then forgotten.
+  h.Close(1);
+  CHECK(h.core().num_jobs() == 1);
+  h.Close(2);
+  CHECK(h.core().num_jobs() == 0);
+}
+
+TEST_CASE("A join while the job runs below max opens the next round",
+          "[rendezvous][unit]") {
+  Harness h(1, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Advance(absl::Seconds(10));
+  REQUIRE(h.LastAssignment(1)->world_size() == 2);
+  h.Join(3, "c");
+  auto r = h.LastRestart(1);
+  REQUIRE(r);
+  CHECK(r->reason() == RestartRequired::NODE_WAITING);
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  auto a = h.LastAssignment(3);
+  REQUIRE(a);
+  CHECK(a->round() == 1);
+  CHECK(a->world_size() == 3);
+  CHECK(a->group_rank() == 2);  // newcomers after survivors
+}
+
+TEST_CASE("A join while the job runs at max waits for a free slot",
+          "[rendezvous][unit]") {
+  Harness h(1, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  CHECK_FALSE(h.LastRestart(1));
+  REQUIRE(h.LastProgress(3));
+  CHECK(h.LastProgress(3)->waiting_for_slot());
+  h.Close(2);
+  h.Rejoin(1, 1);
+  auto a = h.LastAssignment(3);
+  REQUIRE(a);
+  CHECK(a->world_size() == 2);
+}
+
+TEST_CASE("Below min after a loss the survivors wait then fail naming the lost",
+          "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Close(2);
+  h.Rejoin(1, 1);
+  h.Advance(absl::Seconds(30));
+  CHECK_FALSE(h.LastFailed(1));
+  h.Join(3, "replacement");
+  REQUIRE(h.LastAssignment(3));
+  CHECK(h.LastAssignment(3)->round() == 1);
+}
+
+TEST_CASE("Below min the join timeout fails the job and lists lost nodes",
+          "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Close(2);
+  h.Rejoin(1, 1);
+  h.Advance(absl::Seconds(60));
+  auto f = h.LastFailed(1);
+  REQUIRE(f);
+  CHECK(f->reason().find("lost: [b:1002") != std::string::npos);
+}
+
+TEST_CASE("A rejoin for the wrong round is refused with ABORTED",
+          "[rendezvous][unit]") {
+  Harness h(1, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Close(2);
+  h.Rejoin(1, 7);
+  REQUIRE(h.Ended(1));
+  CHECK(absl::IsAborted(*h.Ended(1)));
+}
+
+TEST_CASE("A rejoin when none was asked for is refused with ABORTED",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  h.Rejoin(1, 0);
+  REQUIRE(h.Ended(1));
+  CHECK(absl::IsAborted(*h.Ended(1)));
+}
+
+TEST_CASE("A report of an ended round changes nothing", "[rendezvous][unit]") {
+  Harness h(2, 2, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  h.Report(2, 0, v1::WorkerReport::FAILED);  // raced with the restart
+  CHECK(h.core().DescribeJob("job", h.now())->restart_count() == 1);
+  CHECK_FALSE(h.Ended(2));
+}
+
+TEST_CASE("A report for a future round ends the session", "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  h.Report(1, 5, v1::WorkerReport::RUNNING);
+  REQUIRE(h.Ended(1));
+  CHECK(absl::IsInvalidArgument(*h.Ended(1)));
+}
+
+TEST_CASE("A join with other settings is refused naming the difference",
+          "[rendezvous][unit]") {
+  Harness h(2, 3);
+  h.Join(1, "a");
+  auto join = h.MakeJoin(2, "b");
+  join.mutable_settings()->set_max_nodes(4);
+  h.SendJoin(2, join);
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsInvalidArgument(*h.Ended(2)));
+  CHECK(h.Ended(2)->message().find("max_nodes is 3 for the job, 4 in this join") !=
+        std::string::npos);
+}
+
+TEST_CASE("A join to a finished job is refused", "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  h.Report(1, 0, v1::WorkerReport::SUCCEEDED);
+  h.Join(2, "b");
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsFailedPrecondition(*h.Ended(2)));
+}
+
+TEST_CASE("Two nodes cannot hold the same rank hint", "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a", 1, 0);
+  h.Join(2, "b", 1, 0);
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsFailedPrecondition(*h.Ended(2)));
+  CHECK(h.Ended(2)->message().find("a:1001") != std::string::npos);
+}
+
+TEST_CASE("A duplicate incarnation is refused", "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  auto join = h.MakeJoin(2, "b");
+  join.mutable_node()->set_incarnation(h.MakeJoin(1, "a").node().incarnation());
+  h.SendJoin(2, join);
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsAlreadyExists(*h.Ended(2)));
+}
+
+TEST_CASE("Malformed joins are refused with INVALID_ARGUMENT",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  SECTION("empty job id") {
+    auto j = h.MakeJoin(1, "a");
+    j.set_job_id("");
+    h.SendJoin(1, j);
+  }
+  SECTION("bad job id characters") {
+    auto j = h.MakeJoin(1, "a");
+    j.set_job_id("a b");
+    h.SendJoin(1, j);
+  }
+  SECTION("zero workers") {
+    auto j = h.MakeJoin(1, "a");
+    j.set_local_world_size(0);
+    h.SendJoin(1, j);
+  }
+  SECTION("min above max") {
+    auto j = h.MakeJoin(1, "a");
+    j.mutable_settings()->set_min_nodes(3);
+    j.mutable_settings()->set_max_nodes(2);
+    h.SendJoin(1, j);
+  }
+  SECTION("no port candidate") {
+    auto j = h.MakeJoin(1, "a");
+    j.set_master_port_candidate(0);
+    h.SendJoin(1, j);
+  }
+  REQUIRE(h.Ended(1));
+  CHECK(absl::IsInvalidArgument(*h.Ended(1)));
+  CHECK(h.core().num_jobs() == 0);
+}
+
+TEST_CASE("A first message that is not a join ends the session",
+          "[rendezvous][unit]") {
+  Harness h;
+  h.Heartbeat(9);
+  REQUIRE(h.Ended(9));
+  CHECK(absl::IsInvalidArgument(*h.Ended(9)));
+}
+
+TEST_CASE("Store requests are fenced by round", "[rendezvous][unit]") {
+  Harness h(1, 2, 1);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  v1::StoreScope scope;
+  scope.set_job_id("job");
+  scope.set_round(0);
+  REQUIRE(h.core().Store(scope).ok());
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  CHECK(absl::IsAborted(h.core().Store(scope).status()));
+  scope.set_round(1);
+  CHECK(h.core().Store(scope).ok());
+  scope.set_job_id("other");
+  CHECK(absl::IsNotFound(h.core().Store(scope).status()));
+}
+
+TEST_CASE("A new round aborts the parked store waits of the old one",
+          "[rendezvous][unit]") {
+  Harness h(1, 2, 1);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  v1::StoreScope scope;
+  scope.set_job_id("job");
+  scope.set_round(0);
+  std::optional<absl::Status> outcome;
+  std::vector<KvStore::Fired> fired;
+  REQUIRE((*h.core().Store(scope))
+              ->Park({"k"}, h.now() + absl::Seconds(100),
+                     [&](absl::StatusOr<KvStore::Values> r) {
+                       outcome = r.status();
+                     },
+                     &fired)
+              .ok());
+  h.Close(2);
+  REQUIRE(outcome);
+  CHECK(absl::IsAborted(*outcome));
+}
+
+TEST_CASE("Progress while collecting names pending nodes and missing ranks",
+          "[rendezvous][unit]") {
+  Harness h(3, 3);
+  h.Join(1, "a", 1, 0);
+  REQUIRE(h.LastProgress(1));
+  CHECK(h.LastProgress(1)->joined() == 1);
+  h.Advance(absl::Milliseconds(500));
+  auto p = h.LastProgress(1);
+  REQUIRE(p);
+  CHECK(p->missing_node_ranks_size() == 2);
+  CHECK(p->missing_node_ranks(0) == 1);
+  CHECK(p->join_timeout_remaining_ms() == 59'500);
+  CHECK(p->last_call_remaining_ms() == -1);
+}
+
+TEST_CASE("Status describes nodes in group rank order", "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "b", 2);
+  h.Join(2, "a", 3);
+  h.Silence(1);
+  h.Advance(absl::Milliseconds(1500));
+  auto s = h.core().DescribeJob("job", h.now());
+  REQUIRE(s.ok());
+  CHECK(s->phase() == v1::JobStatus::RUNNING);
+  REQUIRE(s->nodes_size() == 2);
+  CHECK(s->nodes(0).node().hostname() == "a");
+  CHECK(s->nodes(0).group_rank() == 0);
+  CHECK(s->nodes(1).first_global_rank() == 3);
+  CHECK(s->nodes(1).heartbeat_age_ms() == 1500);
+  CHECK(s->world_size() == 5);
+}
+
+TEST_CASE("Jobs are independent", "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  auto other = h.MakeJoin(2, "b");
+  other.set_job_id("other");
+  h.SendJoin(2, other);
+  REQUIRE(h.LastAssignment(1));
+  REQUIRE(h.LastAssignment(2));
+  CHECK(h.LastAssignment(2)->job_id() == "other");
+  CHECK(h.core().ListJobs(h.now()).size() == 2);
+}
+
+}  // namespace
+}  // namespace ctrun
