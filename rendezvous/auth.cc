@@ -1,0 +1,67 @@
+#include "rendezvous/auth.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace ctrun {
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read token file '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  std::string text(kMaxTokenBytes + 2, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  std::string token(absl::StripAsciiWhitespace(text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", path, "' is empty"));
+  }
+  if (token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file '", path, "' holds more than ", kMaxTokenBytes, " bytes"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token in '", path,
+          "' must be one word of printable ASCII (no spaces or newlines)"));
+    }
+  }
+  return token;
+}
+
+std::string GenerateToken() {
+  std::random_device rd;
+  std::string bytes(24, '\0');
+  for (char& b : bytes) b = static_cast<char>(rd() & 0xff);
+  return absl::BytesToHexString(bytes);
+}
+
+std::string BearerValue(absl::string_view token) {
+  return absl::StrCat("Bearer ", token);
+}
+
+bool BearerMatches(absl::string_view received, absl::string_view token) {
+  const std::string expected = BearerValue(token);
+  // Every byte of the expected value is looked at whatever arrives, so the
+  // time taken does not tell how much of a guess was right.
+  unsigned char diff = received.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char got =
+        i < received.size() ? static_cast<unsigned char>(received[i]) : 0;
+    diff |= got ^ static_cast<unsigned char>(expected[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace ctrun

@@ -1,0 +1,35 @@
+// The shared-secret token that guards the rendezvous service.
+//
+// Clients send it as gRPC metadata "authorization: Bearer <token>"; the
+// service compares it in constant time.
+#ifndef CTRUN_RENDEZVOUS_AUTH_H_
+#define CTRUN_RENDEZVOUS_AUTH_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace ctrun {
+
+inline constexpr char kAuthMetadataKey[] = "authorization";
+inline constexpr size_t kMaxTokenBytes = 4096;
+
+// The token in `path`, without surrounding whitespace. INVALID_ARGUMENT or
+// NOT_FOUND naming the file when it is unreadable, empty, too long, or holds
+// more than one line.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// A fresh random token (hex), for services that make their own.
+std::string GenerateToken();
+
+// "Bearer <token>".
+std::string BearerValue(absl::string_view token);
+
+// Constant-time comparison of a received metadata value with the expected
+// "Bearer <token>".
+bool BearerMatches(absl::string_view received, absl::string_view token);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_RENDEZVOUS_AUTH_H_

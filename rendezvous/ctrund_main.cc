@@ -1,0 +1,244 @@
+// ctrund: the standalone rendezvous daemon, and `ctrund status`.
+//
+// The daemon's first line on stdout is "ctrund listening on HOST:PORT" (with
+// the real port when --listen asked for port 0), so scripts and tests can
+// read where it is. Logs go to stderr. SIGTERM or SIGINT end it cleanly.
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "rendezvous/auth.h"
+#include "rendezvous/client.h"
+#include "rendezvous/endpoint.h"
+#include "rendezvous/rendezvous_server.h"
+#include "rendezvous/status_report.h"
+
+namespace ctrun {
+namespace {
+
+constexpr int kUsageError = 2;
+
+int Fail(const std::string& message, int code = 1) {
+  std::cerr << "ctrund: " << message << "\n";
+  return code;
+}
+
+// Each agent holds a connection: allow as many as the hard limit permits.
+void RaiseFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+struct DaemonFlags {
+  std::string listen = "127.0.0.1:29400";
+  std::string token_file;
+  std::string tls_cert, tls_key, tls_client_ca;
+  size_t max_value_bytes = KvStoreLimits{}.max_value_bytes;
+  size_t max_keys = KvStoreLimits{}.max_keys;
+  size_t max_jobs = RendezvousLimits{}.max_jobs;
+  std::string log_level = "info";
+};
+
+struct StatusFlags {
+  std::string endpoint = "127.0.0.1:29400";
+  std::string token_file;
+  std::string tls_ca, tls_server_name;
+  std::string job;
+  bool json = false;
+};
+
+int RunDaemon(const DaemonFlags& flags) {
+  auto level = spdlog::level::from_str(flags.log_level);
+  if (level == spdlog::level::off && flags.log_level != "off") {
+    return Fail(absl::StrCat("--log-level '", flags.log_level,
+                             "' is not one of trace, debug, info, warn, "
+                             "error, off"),
+                kUsageError);
+  }
+  auto listen = ParseEndpoint(flags.listen);
+  if (!listen.ok()) {
+    return Fail(absl::StrCat("--listen: ", listen.status().message()),
+                kUsageError);
+  }
+  ServerOptions options;
+  options.listen = *listen;
+  if (!flags.token_file.empty()) {
+    auto token = ReadTokenFile(flags.token_file);
+    if (!token.ok()) {
+      return Fail(absl::StrCat("--token-file: ", token.status().message()),
+                  kUsageError);
+    }
+    options.token = *token;
+  }
+  if (flags.tls_cert.empty() != flags.tls_key.empty()) {
+    return Fail("--tls-cert and --tls-key go together", kUsageError);
+  }
+  if (!flags.tls_cert.empty()) {
+    options.tls = TlsServerFiles{flags.tls_cert, flags.tls_key,
+                                 flags.tls_client_ca};
+  } else if (!flags.tls_client_ca.empty()) {
+    return Fail("--tls-client-ca needs --tls-cert and --tls-key", kUsageError);
+  }
+  if (flags.max_value_bytes == 0 || flags.max_keys == 0 ||
+      flags.max_jobs == 0) {
+    return Fail("--max-value-bytes, --max-keys and --max-jobs must be > 0",
+                kUsageError);
+  }
+  options.limits.store.max_value_bytes = flags.max_value_bytes;
+  options.limits.store.max_keys = flags.max_keys;
+  options.limits.max_jobs = flags.max_jobs;
+
+  auto logger = spdlog::stderr_color_mt("ctrund");
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [ctrund] [%l] %v");
+  logger->set_level(level);
+  spdlog::set_default_logger(logger);
+  RaiseFileLimit();
+
+  // Signals are taken by sigwait below, never by a handler; blocked before
+  // any thread starts so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto server = RendezvousServer::Start(std::move(options));
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  std::printf("ctrund listening on %s\n",
+              (*server)->endpoint().ToString().c_str());
+  std::fflush(stdout);
+  spdlog::info("serving on {}{}{}", (*server)->endpoint().ToString(),
+               flags.token_file.empty() ? ", no token" : ", token required",
+               flags.tls_cert.empty() ? "" : ", TLS");
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("stopping on {}", strsignal(signal_number));
+  (*server)->Shutdown();
+  spdlog::info("stopped");
+  return 0;
+}
+
+int RunStatus(const StatusFlags& flags) {
+  ConnectionOptions options;
+  options.endpoint = flags.endpoint;
+  options.tls_ca_file = flags.tls_ca;
+  options.tls_server_name = flags.tls_server_name;
+  if (!flags.token_file.empty()) {
+    auto token = ReadTokenFile(flags.token_file);
+    if (!token.ok()) {
+      return Fail(absl::StrCat("--token-file: ", token.status().message()),
+                  kUsageError);
+    }
+    options.token = *token;
+  }
+  auto connection = Connection::Open(options);
+  if (!connection.ok()) {
+    return Fail(absl::StrCat("--endpoint: ", connection.status().message()),
+                kUsageError);
+  }
+  AdminClient admin(*connection);
+  v1::ListJobsResponse jobs;
+  if (flags.job.empty()) {
+    auto listed = admin.ListJobs();
+    if (!listed.ok()) {
+      return Fail(absl::StrCat("cannot list jobs at ", flags.endpoint, ": ",
+                               listed.status().ToString()));
+    }
+    jobs = std::move(*listed);
+  } else {
+    auto job = admin.DescribeJob(flags.job);
+    if (!job.ok()) {
+      return Fail(absl::StrCat("cannot describe job '", flags.job, "' at ",
+                               flags.endpoint, ": ",
+                               job.status().ToString()));
+    }
+    *jobs.add_jobs() = std::move(*job);
+  }
+  if (flags.json) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions print;
+    print.add_whitespace = true;
+    print.always_print_primitive_fields = true;
+    print.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(jobs, &json, print).ok()) {
+      return Fail("cannot render the status as JSON");
+    }
+    std::cout << json;
+  } else {
+    std::cout << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ctrun
+
+int main(int argc, char** argv) {
+  using namespace ctrun;
+  CLI::App app{
+      "ctrund: the ctrun rendezvous daemon. Agents (ctrun "
+      "--rdzv_endpoint=HOST:PORT) meet here to get their ranks; workers use "
+      "its key-value store."};
+  app.set_version_flag("--version", "ctrund 0.1.0");
+  DaemonFlags daemon;
+  app.add_option("--listen", daemon.listen,
+                 "HOST:PORT to serve on; port 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--token-file", daemon.token_file,
+                 "file holding the shared secret every client must send "
+                 "(required beyond loopback)");
+  app.add_option("--tls-cert", daemon.tls_cert, "PEM certificate chain (TLS)");
+  app.add_option("--tls-key", daemon.tls_key, "PEM private key (TLS)");
+  app.add_option("--tls-client-ca", daemon.tls_client_ca,
+                 "PEM CA that client certificates must chain to (mutual TLS)");
+  app.add_option("--max-value-bytes", daemon.max_value_bytes,
+                 "largest store value")
+      ->capture_default_str();
+  app.add_option("--max-keys", daemon.max_keys, "most store keys per job")
+      ->capture_default_str();
+  app.add_option("--max-jobs", daemon.max_jobs, "most jobs at once")
+      ->capture_default_str();
+  app.add_option("--log-level", daemon.log_level,
+                 "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+
+  StatusFlags status;
+  CLI::App* status_cmd = app.add_subcommand(
+      "status", "print the jobs, rounds and nodes of a running rendezvous");
+  status_cmd
+      ->add_option("--endpoint", status.endpoint, "HOST:PORT of the service")
+      ->capture_default_str();
+  status_cmd->add_option("--job", status.job, "show only this job");
+  status_cmd->add_flag("--json", status.json, "print JSON instead of a table");
+  status_cmd->add_option("--token-file", status.token_file,
+                         "file holding the service's token");
+  status_cmd->add_option("--tls-ca", status.tls_ca,
+                         "PEM roots to verify the service (TLS)");
+  status_cmd->add_option("--tls-server-name", status.tls_server_name,
+                         "name to check in the service's certificate");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ctrund: " << e.what() << " (see ctrund --help)\n";
+    return kUsageError;
+  }
+  if (status_cmd->parsed()) return RunStatus(status);
+  return RunDaemon(daemon);
+}

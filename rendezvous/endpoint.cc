@@ -1,0 +1,92 @@
+#include "rendezvous/endpoint.h"
+
+#include <arpa/inet.h>
+
+#include <charconv>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ctrun {
+namespace {
+
+absl::Status Malformed(absl::string_view text, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("endpoint '", text, "' ", why,
+                   "; expected HOST:PORT, e.g. 127.0.0.1:29400 or [::1]:29400"));
+}
+
+}  // namespace
+
+std::string Endpoint::ToString() const {
+  if (host.find(':') != std::string::npos) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text,
+                                       std::optional<int> default_port) {
+  if (text.empty()) return Malformed(text, "is empty");
+  if (text.size() > 300) return Malformed(text.substr(0, 40), "is too long");
+  Endpoint ep;
+  absl::string_view port_text;
+  if (text.front() == '[') {
+    const size_t close = text.find(']');
+    if (close == absl::string_view::npos) {
+      return Malformed(text, "has no closing ']'");
+    }
+    ep.host = std::string(text.substr(1, close - 1));
+    absl::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return Malformed(text, "has text after ']'");
+      port_text = rest.substr(1);
+      if (port_text.empty()) return Malformed(text, "has an empty port");
+    }
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon != absl::string_view::npos &&
+        text.find(':') != colon) {
+      return Malformed(text, "looks like IPv6 without brackets");
+    }
+    if (colon == absl::string_view::npos) {
+      ep.host = std::string(text);
+    } else {
+      ep.host = std::string(text.substr(0, colon));
+      port_text = text.substr(colon + 1);
+      if (port_text.empty()) return Malformed(text, "has an empty port");
+    }
+  }
+  if (ep.host.empty()) return Malformed(text, "has an empty host");
+  for (char c : ep.host) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                    c == ':' || c == '_' || c == '%';
+    if (!ok) return Malformed(text, "has a character not allowed in a host");
+  }
+  if (port_text.empty()) {
+    if (!default_port) return Malformed(text, "has no port");
+    ep.port = *default_port;
+    return ep;
+  }
+  int port = -1;
+  auto [end, ec] = std::from_chars(port_text.data(),
+                                   port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() ||
+      port < 0 || port > 65535) {
+    return Malformed(text, "has a port that is not 0..65535");
+  }
+  ep.port = port;
+  return ep;
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr addr{};
+  if (inet_pton(AF_INET, std::string(host).c_str(), &addr) == 1) {
+    return (ntohl(addr.s_addr) >> 24) == 127;
+  }
+  return false;
+}
+
+}  // namespace ctrun

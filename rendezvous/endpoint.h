@@ -1,0 +1,31 @@
+// HOST:PORT endpoints as users type them.
+#ifndef CTRUN_RENDEZVOUS_ENDPOINT_H_
+#define CTRUN_RENDEZVOUS_ENDPOINT_H_
+
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace ctrun {
+
+struct Endpoint {
+  std::string host;  // without brackets for IPv6
+  int port = 0;      // 0..65535; 0 asks the OS for a free port when listening
+
+  // "host:port", with brackets around an IPv6 host.
+  std::string ToString() const;
+};
+
+// Parses "HOST:PORT", "[IPV6]:PORT", or "HOST" when `default_port` is given.
+// INVALID_ARGUMENT, naming the text and the accepted form, otherwise.
+absl::StatusOr<Endpoint> ParseEndpoint(
+    absl::string_view text, std::optional<int> default_port = std::nullopt);
+
+// Whether `host` names this machine's loopback: localhost, 127.0.0.0/8, ::1.
+bool IsLoopbackHost(absl::string_view host);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_RENDEZVOUS_ENDPOINT_H_

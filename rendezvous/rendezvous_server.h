@@ -1,0 +1,76 @@
+// RendezvousServer: the gRPC services (Rendezvous, Store, Admin) around one
+// RendezvousCore, listening on one address.
+//
+// Used by the `ctrund` daemon and by agents that host the rendezvous
+// in-process. All logic lives in RendezvousCore; this class adapts gRPC's
+// callback API to it: one mutex guards the core, a single timer thread drives
+// its deadlines, and messages and store completions are delivered after the
+// mutex is released. No RPC parks a thread: waiting store calls are stored
+// callbacks.
+//
+// Thread-safe. Destruction shuts the server down.
+#ifndef CTRUN_RENDEZVOUS_RENDEZVOUS_SERVER_H_
+#define CTRUN_RENDEZVOUS_RENDEZVOUS_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "rendezvous/endpoint.h"
+#include "rendezvous/rendezvous_core.h"
+
+namespace ctrun {
+
+struct TlsServerFiles {
+  std::string cert_file;       // PEM certificate chain
+  std::string key_file;        // PEM private key
+  std::string client_ca_file;  // when set, clients must present a cert
+};
+
+struct ServerOptions {
+  // Port 0 picks a free port; endpoint() tells which.
+  Endpoint listen{"127.0.0.1", 0};
+  // When non-empty, every RPC must carry it (auth.h); otherwise refused with
+  // UNAUTHENTICATED. Start refuses an empty token on a non-loopback address.
+  std::string token;
+  // When set, the service speaks TLS.
+  std::optional<TlsServerFiles> tls;
+  RendezvousLimits limits;
+  // The largest request the transport accepts; larger ones fail with
+  // RESOURCE_EXHAUSTED before reaching the store. 0: twice the value limit
+  // plus room for keys.
+  size_t max_message_bytes = 0;
+};
+
+class RendezvousServer {
+ public:
+  // Binds and starts serving. FAILED_PRECONDITION for a token-less
+  // non-loopback address; UNAVAILABLE when the address cannot be bound;
+  // INVALID_ARGUMENT for unreadable TLS files.
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(
+      ServerOptions options);
+
+  ~RendezvousServer();
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+
+  // The bound address, with the actual port.
+  const Endpoint& endpoint() const;
+
+  // Ends every session and call, stops the timer thread. Idempotent.
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  explicit RendezvousServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The monotonic clock the server runs the core on.
+absl::Time MonotonicNow();
+
+}  // namespace ctrun
+
+#endif  // CTRUN_RENDEZVOUS_RENDEZVOUS_SERVER_H_
