@@ -1,0 +1,335 @@
+// The real ctrund process on 127.0.0.1:0, driven by in-process sessions and
+// by test_agent processes.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "rendezvous/client.h"
+#include "tests/support/daemon.h"
+#include "tests/support/session_probe.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+std::string WriteTempFile(const std::string& content) {
+  char path[] = "/tmp/ctrun-test-XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(write(fd, content.data(), content.size()) ==
+          static_cast<ssize_t>(content.size()));
+  close(fd);
+  return path;
+}
+
+TEST_CASE("256 concurrent sessions rendezvous into a permutation of ranks",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  constexpr int kNodes = 256;
+  std::mt19937 rng(42);
+  std::vector<int> sizes(kNodes);
+  for (int& s : sizes) s = 1 + static_cast<int>(rng() % 4);
+
+  std::vector<std::unique_ptr<SessionProbe>> probes;
+  for (int i = 0; i < kNodes; ++i) {
+    JoinSpec spec;
+    spec.host = absl::StrCat("node", i);
+    spec.min_nodes = spec.max_nodes = kNodes;
+    spec.local_world_size = sizes[i];
+    probes.push_back(std::make_unique<SessionProbe>(
+        daemon.Connect("", /*own_tcp_connection=*/true), MakeJoin(spec)));
+  }
+  const int world = std::accumulate(sizes.begin(), sizes.end(), 0);
+  std::vector<int> group_ranks;
+  std::vector<int> owner(world, -1);
+  std::set<std::pair<std::string, int>> masters;
+  for (int i = 0; i < kNodes; ++i) {
+    auto a = probes[i]->NextAssignment(kWait);
+    REQUIRE(a);
+    CHECK(a->world_size() == world);
+    CHECK(a->group_world_size() == kNodes);
+    group_ranks.push_back(a->group_rank());
+    masters.emplace(a->master_addr(), a->master_port());
+    for (int r = a->first_global_rank();
+         r < a->first_global_rank() + sizes[i]; ++r) {
+      REQUIRE(r >= 0);
+      REQUIRE(r < world);
+      CHECK(owner[r] == -1);  // no rank handed out twice
+      owner[r] = i;
+    }
+  }
+  std::sort(group_ranks.begin(), group_ranks.end());
+  std::vector<int> expected(kNodes);
+  std::iota(expected.begin(), expected.end(), 0);
+  CHECK(group_ranks == expected);
+  CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+  CHECK(masters.size() == 1);
+}
+
+TEST_CASE("A client process killed with kill -9 is lost through its stream",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  JoinSpec spec;
+  spec.job = "crash";
+  spec.host = "survivor";
+  spec.min_nodes = 1;
+  spec.max_nodes = 2;
+  // Far beyond the test's wait: a loss seen in time came from the stream.
+  spec.heartbeat_timeout_ms = 120'000;
+  SessionProbe survivor(daemon.Connect(), MakeJoin(spec));
+  ChildProcess agent({TestAgentPath(), daemon.endpoint(), "crash", "victim",
+                      "1", "2", "120000"});
+  REQUIRE(agent.WaitForLine("assignment round=0", kWait));
+  REQUIRE(survivor.NextAssignment(kWait));
+
+  agent.Signal(SIGKILL);
+  auto restart = survivor.NextRestart(absl::Seconds(10));
+  REQUIRE(restart);
+  CHECK(restart->reason() == v1::RestartRequired::NODE_LOST);
+  CHECK(restart->detail().find("victim") != std::string::npos);
+  CHECK(restart->detail().find("session closed") != std::string::npos);
+  CHECK(restart->restart_count() == 0);
+
+  survivor.Rejoin(restart->round());
+  auto next = survivor.NextAssignment(kWait);
+  REQUIRE(next);
+  CHECK(next->round() == 1);
+  CHECK(next->world_size() == 1);
+}
+
+TEST_CASE("A stalled client is lost after the heartbeat timeout then refused",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  JoinSpec spec;
+  spec.job = "stall";
+  spec.host = "survivor";
+  spec.min_nodes = 1;
+  spec.max_nodes = 2;
+  spec.heartbeat_timeout_ms = 1500;
+  SessionProbe survivor(daemon.Connect(), MakeJoin(spec),
+                        absl::Milliseconds(200));
+  ChildProcess agent({TestAgentPath(), daemon.endpoint(), "stall", "sleeper",
+                      "1", "2", "1500"});
+  REQUIRE(agent.WaitForLine("assignment round=0", kWait));
+  REQUIRE(survivor.NextAssignment(kWait));
+
+  agent.Signal(SIGSTOP);
+  auto restart = survivor.NextRestart(kWait);
+  agent.Signal(SIGCONT);
+  REQUIRE(restart);
+  CHECK(restart->reason() == v1::RestartRequired::NODE_LOST);
+  CHECK(restart->detail().find("without a heartbeat") != std::string::npos);
+
+  // The resumed agent finds its session ended as stale.
+  auto ended = agent.WaitForLine("ended", kWait);
+  REQUIRE(ended);
+  CHECK(ended->find("code=ABORTED") != std::string::npos);
+  CHECK(ended->find("declared lost") != std::string::npos);
+  CHECK(agent.Wait(kWait) == 3);
+}
+
+TEST_CASE("Store requests for a stale round are refused with ABORTED",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  JoinSpec spec;
+  spec.job = "fence";
+  auto join = MakeJoin(spec);
+  join.mutable_settings()->set_max_restarts(1);
+  SessionProbe c(daemon.Connect(), join);
+  REQUIRE(c.NextAssignment(kWait));
+  StoreClient store(daemon.Connect(), "fence", 0);
+  REQUIRE(store.Set("k", "v").ok());
+  c.Report(0, v1::WorkerReport::FAILED);
+  auto restart = c.NextRestart(kWait);
+  REQUIRE(restart);
+  auto stale = store.Get("k");
+  CHECK(absl::IsAborted(stale.status()));
+  CHECK(stale.status().message().find("round 0") != std::string::npos);
+
+  c.Rejoin(99);  // not the round it was told to rejoin
+  auto done = c.WaitDone(kWait);
+  REQUIRE(done);
+  CHECK(absl::IsAborted(*done));
+}
+
+TEST_CASE("Wrong or missing tokens are refused and logged",
+          "[ctrund][integration]") {
+  const std::string token_file = WriteTempFile("s3cret-token\n");
+  Daemon daemon({"--token-file", token_file});
+
+  AdminClient right(daemon.Connect("s3cret-token"));
+  CHECK(right.ListJobs().ok());
+
+  AdminClient wrong(daemon.Connect("guess"));
+  auto refused = wrong.ListJobs();
+  CHECK(absl::IsUnauthenticated(refused.status()));
+
+  StoreClient anonymous(daemon.Connect(), "job", 0);
+  CHECK(absl::IsUnauthenticated(anonymous.Set("k", "v")));
+
+  SessionProbe intruder(daemon.Connect("guess"), MakeJoin({}));
+  auto ended = intruder.WaitDone(kWait);
+  REQUIRE(ended);
+  CHECK(absl::IsUnauthenticated(*ended));
+
+  // Then the daemon's log names the refusals.
+  absl::SleepFor(absl::Milliseconds(100));
+  const std::string log = daemon.process().Stderr();
+  CHECK(log.find("refused ListJobs") != std::string::npos);
+  CHECK(log.find("refused Set") != std::string::npos);
+  CHECK(log.find("missing token") != std::string::npos);
+  CHECK(log.find("refused Session") != std::string::npos);
+  CHECK(log.find("s3cret") == std::string::npos);
+  unlink(token_file.c_str());
+}
+
+TEST_CASE("Oversized values are refused by the store and by the transport",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  SessionProbe node(daemon.Connect(), MakeJoin({}));
+  REQUIRE(node.NextAssignment(kWait));
+  StoreClient store(daemon.Connect(), "job", 0);
+
+  auto over_limit = store.Set("big", std::string((1 << 20) + 1, 'x'));
+  CHECK(absl::IsInvalidArgument(over_limit));
+  CHECK(over_limit.message().find("limit is 1048576") != std::string::npos);
+
+  auto huge = store.Set("huge", std::string(8 << 20, 'x'));
+  CHECK(absl::IsResourceExhausted(huge));
+
+  CHECK(store.Set("fits", std::string(1 << 20, 'x')).ok());
+  CHECK(*store.NumKeys() == 1);
+}
+
+TEST_CASE("A waiting get is woken by set and times out otherwise",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  SessionProbe node(daemon.Connect(), MakeJoin({}));
+  REQUIRE(node.NextAssignment(kWait));
+  StoreClient waiter(daemon.Connect("", true), "job", 0);
+  StoreClient setter(daemon.Connect("", true), "job", 0);
+
+  absl::StatusOr<std::string> got;
+  std::thread t([&] { got = waiter.Get("id", absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  REQUIRE(setter.Set("id", "nccl-unique-id").ok());
+  t.join();
+  REQUIRE(got.ok());
+  CHECK(*got == "nccl-unique-id");
+
+  auto missing = waiter.Get("never", absl::Milliseconds(200));
+  CHECK(absl::IsDeadlineExceeded(missing.status()));
+
+  CHECK(absl::IsNotFound(waiter.Get("never").status()));
+  CHECK(waiter.Wait({"id"}, absl::Milliseconds(100)).ok());
+  auto many = waiter.MultiGet({"id", "later"}, absl::Milliseconds(100));
+  CHECK(absl::IsDeadlineExceeded(many.status()));
+}
+
+TEST_CASE("Store operations work end to end", "[ctrund][integration]") {
+  Daemon daemon;
+  SessionProbe node(daemon.Connect(), MakeJoin({}));
+  REQUIRE(node.NextAssignment(kWait));
+  StoreClient store(daemon.Connect(), "job", 0);
+  CHECK(*store.Add("counter", 2) == 2);
+  CHECK(*store.Add("counter", 3) == 5);
+  auto cas = store.CompareSet("leader", "", "rank0");
+  REQUIRE(cas.ok());
+  CHECK(cas->swapped);
+  CHECK_FALSE(store.CompareSet("leader", "", "rank1")->swapped);
+  REQUIRE(store.MultiSet({{"a", "1"}, {"b", "2"}}).ok());
+  CHECK(*store.MultiGet({"b", "a"}) == std::vector<std::string>{"2", "1"});
+  CHECK(*store.Check({"a", "b"}));
+  CHECK(*store.Delete("a"));
+  CHECK_FALSE(*store.Check({"a", "b"}));
+  CHECK(*store.NumKeys() == 3);
+  CHECK(absl::IsNotFound(
+      StoreClient(daemon.Connect(), "no-such-job", 0).Set("k", "v")));
+}
+
+TEST_CASE("ctrund status shows jobs nodes and ranks", "[ctrund][integration]") {
+  Daemon daemon;
+  JoinSpec spec;
+  spec.job = "visible";
+  spec.host = "node-a";
+  spec.local_world_size = 4;
+  SessionProbe node(daemon.Connect(), MakeJoin(spec));
+  REQUIRE(node.NextAssignment(kWait));
+
+  ChildProcess table({CtrundPath(), "status", "--endpoint", daemon.endpoint()});
+  std::string out;
+  while (auto line = table.ReadLine(kWait)) out += *line + "\n";
+  CHECK(table.Wait(kWait) == 0);
+  CHECK(out.find("job visible  running  round 0") != std::string::npos);
+  CHECK(out.find("node-a") != std::string::npos);
+  CHECK(out.find("0-3") != std::string::npos);
+
+  ChildProcess json({CtrundPath(), "status", "--endpoint", daemon.endpoint(),
+                     "--json", "--job", "visible"});
+  out.clear();
+  while (auto line = json.ReadLine(kWait)) out += *line + "\n";
+  CHECK(json.Wait(kWait) == 0);
+  CHECK(out.find("\"job_id\": \"visible\"") != std::string::npos);
+  CHECK(out.find("\"heartbeat_age_ms\"") != std::string::npos);
+
+  ChildProcess missing({CtrundPath(), "status", "--endpoint",
+                        daemon.endpoint(), "--job", "nope"});
+  CHECK(missing.Wait(kWait) == 1);
+  CHECK(missing.Stderr().find("NOT_FOUND") != std::string::npos);
+}
+
+TEST_CASE("ctrund stops cleanly on SIGTERM with sessions open",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  SessionProbe node(daemon.Connect(), MakeJoin({}));
+  REQUIRE(node.NextAssignment(kWait));
+  daemon.process().Signal(SIGTERM);
+  CHECK(daemon.process().Wait(kWait) == 0);
+  auto done = node.WaitDone(kWait);
+  REQUIRE(done);
+  CHECK_FALSE(done->ok());
+}
+
+TEST_CASE("ctrund refuses bad flags with one line and exit code 2",
+          "[ctrund][integration]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--listen", "nohostport:"}, "--listen"},
+           {{"--listen", "1.2.3.4:99999"}, "not 0..65535"},
+           {{"--token-file", "/nonexistent/token"}, "--token-file"},
+           {{"--tls-cert", "/x.pem"}, "--tls-cert and --tls-key"},
+           {{"--no-such-flag"}, "no-such-flag"},
+           {{"--log-level", "loud"}, "--log-level"}}) {
+    std::vector<std::string> argv = {CtrundPath()};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    ChildProcess p(argv);
+    INFO(c.args[0]);
+    CHECK(p.Wait(kWait) == 2);
+    const std::string err = p.Stderr();
+    CHECK(err.find(c.says) != std::string::npos);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  }
+}
+
+TEST_CASE("ctrund without a token refuses to listen beyond loopback",
+          "[ctrund][integration]") {
+  ChildProcess p({CtrundPath(), "--listen", "0.0.0.0:0"});
+  CHECK(p.Wait(kWait) == 1);
+  CHECK(p.Stderr().find("token is required") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ctrun::testing

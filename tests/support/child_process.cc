@@ -1,0 +1,113 @@
+#include "tests/support/child_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/time/clock.h"
+
+namespace ctrun::testing {
+
+ChildProcess::ChildProcess(std::vector<std::string> argv) {
+  char path[] = "/tmp/ctrun-test-stderr-XXXXXX";
+  const int err_fd = mkstemp(path);
+  stderr_path_ = path;
+  int out[2];
+  if (err_fd < 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
+  pid_ = fork();
+  if (pid_ < 0) std::abort();
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::perror("execv");
+    _exit(127);
+  }
+  setpgid(pid_, pid_);  // also here, so that the group exists on return
+  close(out[1]);
+  close(err_fd);
+  stdout_fd_ = out[0];
+}
+
+ChildProcess::~ChildProcess() {
+  if (!exit_code_) {
+    kill(-pid_, SIGKILL);
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  } else {
+    kill(-pid_, SIGKILL);  // anything the child left in its group
+  }
+  close(stdout_fd_);
+  unlink(stderr_path_.c_str());
+}
+
+std::optional<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::nullopt;
+    pollfd p{stdout_fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return std::nullopt;
+    char chunk[4096];
+    const ssize_t n = read(stdout_fd_, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    buffer_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+std::optional<std::string> ChildProcess::WaitForLine(const std::string& needle,
+                                                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto line = ReadLine(deadline - absl::Now());
+    if (!line) return std::nullopt;
+    if (line->find(needle) != std::string::npos) return line;
+  }
+}
+
+void ChildProcess::Signal(int signal) const { kill(pid_, signal); }
+
+std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
+  if (exit_code_) return exit_code_;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status)
+                                     : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+std::string ChildProcess::Stderr() const {
+  std::ifstream in(stderr_path_);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace ctrun::testing

@@ -1,0 +1,53 @@
+// ChildProcess: a real process for integration tests, ended by its pid.
+//
+// The child runs in its own process group with its stdout on a pipe (read
+// line by line with a timeout) and its stderr in a file. The destructor
+// SIGKILLs the group and reaps the child, so a failing test leaks nothing.
+#ifndef CTRUN_TESTS_SUPPORT_CHILD_PROCESS_H_
+#define CTRUN_TESTS_SUPPORT_CHILD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace ctrun::testing {
+
+class ChildProcess {
+ public:
+  // Starts `argv` (argv[0] is a path). Aborts the test binary if fork fails.
+  explicit ChildProcess(std::vector<std::string> argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  // The next stdout line, or nullopt at EOF or after `timeout`.
+  std::optional<std::string> ReadLine(absl::Duration timeout);
+  // Reads lines until one contains `needle`; returns it, or nullopt.
+  std::optional<std::string> WaitForLine(const std::string& needle,
+                                         absl::Duration timeout);
+
+  void Signal(int signal) const;
+  // Waits for the exit; returns the exit code (128 + signal if killed), or
+  // nullopt after `timeout`.
+  std::optional<int> Wait(absl::Duration timeout);
+
+  // Everything the child wrote to stderr so far.
+  std::string Stderr() const;
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string stderr_path_;
+  std::string buffer_;
+  std::optional<int> exit_code_;
+};
+
+}  // namespace ctrun::testing
+
+#endif  // CTRUN_TESTS_SUPPORT_CHILD_PROCESS_H_

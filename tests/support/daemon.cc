@@ -1,0 +1,33 @@
+#include "tests/support/daemon.h"
+
+#include <catch2/catch.hpp>
+
+namespace ctrun::testing {
+
+std::string CtrundPath() { return CTRUN_CTRUND_PATH; }
+std::string TestAgentPath() { return CTRUN_TEST_AGENT_PATH; }
+
+Daemon::Daemon(std::vector<std::string> extra_args) {
+  std::vector<std::string> argv = {CtrundPath(), "--listen", "127.0.0.1:0"};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  process_ = std::make_unique<ChildProcess>(argv);
+  auto line = process_->ReadLine(absl::Seconds(10));
+  INFO("ctrund stderr: " << process_->Stderr());
+  REQUIRE(line);
+  const std::string prefix = "ctrund listening on ";
+  REQUIRE(line->rfind(prefix, 0) == 0);
+  endpoint_ = line->substr(prefix.size());
+}
+
+Connection Daemon::Connect(const std::string& token,
+                           bool own_tcp_connection) const {
+  ConnectionOptions options;
+  options.endpoint = endpoint_;
+  options.token = token;
+  options.own_tcp_connection = own_tcp_connection;
+  auto connection = Connection::Open(options);
+  REQUIRE(connection.ok());
+  return *connection;
+}
+
+}  // namespace ctrun::testing

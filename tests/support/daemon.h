@@ -1,0 +1,37 @@
+// Daemon: a real `ctrund` process on 127.0.0.1 with a free port.
+#ifndef CTRUN_TESTS_SUPPORT_DAEMON_H_
+#define CTRUN_TESTS_SUPPORT_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous/client.h"
+#include "tests/support/child_process.h"
+
+namespace ctrun::testing {
+
+// Paths of the binaries under test, set by CMake.
+std::string CtrundPath();
+std::string TestAgentPath();
+
+class Daemon {
+ public:
+  // Starts ctrund --listen 127.0.0.1:0 plus `extra_args`, and waits for its
+  // "listening" line. Fails the current test if it does not come.
+  explicit Daemon(std::vector<std::string> extra_args = {});
+
+  const std::string& endpoint() const { return endpoint_; }
+  ChildProcess& process() { return *process_; }
+  // A connection with `token` (none by default).
+  Connection Connect(const std::string& token = "",
+                     bool own_tcp_connection = false) const;
+
+ private:
+  std::unique_ptr<ChildProcess> process_;
+  std::string endpoint_;
+};
+
+}  // namespace ctrun::testing
+
+#endif  // CTRUN_TESTS_SUPPORT_DAEMON_H_
