@@ -1,0 +1,371 @@
+// rdzv_bench: load generator for one ctrund.
+//
+//   rdzv_bench rendezvous --ctrund PATH --agents N
+//       N simulated agents, each on its own TCP connection, join one job of
+//       N nodes. Reports the time from the first join to the last
+//       assignment, the daemon's CPU seconds over the run and its peak RSS.
+//   rdzv_bench store --ctrund PATH --clients C --seconds S
+//       C clients (threads, own connections) doing blocking get (then set)
+//       in a loop; reports operations per second.
+//   rdzv_bench broadcast --ctrund PATH --waiters N
+//       N waiting gets parked on one key, then one set; reports the time
+//       from the set to the last waiter's answer.
+//   rdzv_bench demo --ctrund PATH --agents N
+//       rendezvous of N agents that prints every assignment.
+//
+// Each run starts its own daemon on 127.0.0.1:0 and ends it by pid. Output:
+// one JSON object per line, for bench/run.sh to tabulate.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "rendezvous/client.h"
+
+extern char** environ;
+
+namespace ctrun::bench {
+namespace {
+
+[[noreturn]] void Die(const std::string& message) {
+  std::cerr << "rdzv_bench: " << message << "\n";
+  std::exit(1);
+}
+
+void RaiseFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+// A ctrund process on 127.0.0.1:0, killed on destruction.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(const std::string& path) {
+    int out[2];
+    if (pipe(out) != 0) Die("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null",
+                                     O_WRONLY, 0);
+    std::vector<std::string> args = {path, "--listen", "127.0.0.1:0",
+                                     "--log-level", "warn"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(),
+                    environ) != 0) {
+      Die("cannot start " + path);
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    std::string line;
+    char c;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    close(out[0]);
+    const std::string prefix = "ctrund listening on ";
+    if (line.rfind(prefix, 0) != 0) Die("ctrund did not start: " + line);
+    endpoint_ = line.substr(prefix.size());
+  }
+  ~DaemonProcess() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  // utime + stime in seconds, from /proc.
+  double CpuSeconds() const {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    std::string f;
+    long utime = 0, stime = 0;
+    for (int i = 3; fields >> f; ++i) {
+      if (i == 14) utime = std::stol(f);
+      if (i == 15) {
+        stime = std::stol(f);
+        break;
+      }
+    }
+    return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+  }
+  // Peak resident set size in MiB.
+  double PeakRssMiB() const {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) {
+        return std::stod(line.substr(6)) / 1024.0;
+      }
+    }
+    return 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string endpoint_;
+};
+
+Connection Connect(const std::string& endpoint) {
+  ConnectionOptions options;
+  options.endpoint = endpoint;
+  options.own_tcp_connection = true;
+  auto c = Connection::Open(options);
+  if (!c.ok()) Die(c.status().ToString());
+  c->channel()->WaitForConnected(absl::ToChronoTime(absl::Now() +
+                                                    absl::Seconds(30)));
+  return *c;
+}
+
+v1::Join MakeJoin(const std::string& job, int i, int nodes) {
+  v1::Join join;
+  join.set_job_id(job);
+  join.mutable_node()->set_hostname(absl::StrCat("sim-", i));
+  join.mutable_node()->set_pid(getpid());
+  join.mutable_node()->set_incarnation(static_cast<uint64_t>(i) + 1);
+  join.set_address("127.0.0.1");
+  join.set_local_world_size(8);
+  join.set_node_rank_hint(-1);
+  join.set_master_port_candidate(29500);
+  join.mutable_settings()->set_min_nodes(nodes);
+  join.mutable_settings()->set_max_nodes(nodes);
+  return join;
+}
+
+int Rendezvous(const std::string& ctrund, int agents, bool print) {
+  DaemonProcess daemon(ctrund);
+  const absl::Time connect_start = absl::Now();
+  std::vector<Connection> connections;
+  connections.reserve(agents);
+  for (int i = 0; i < agents; ++i) {
+    connections.push_back(Connect(daemon.endpoint()));
+  }
+  const absl::Duration connect_time = absl::Now() - connect_start;
+
+  absl::Mutex mu;
+  int assigned = 0;
+  absl::Time last;
+  std::vector<v1::Assignment> assignments(agents);
+  const double cpu_before = daemon.CpuSeconds();
+  const absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<SessionStream>> streams;
+  streams.reserve(agents);
+  for (int i = 0; i < agents; ++i) {
+    SessionStream::Handlers handlers;
+    handlers.on_message = [&, i](const v1::ServerMessage& m) {
+      if (!m.has_assignment()) return;
+      absl::MutexLock lock(&mu);
+      assignments[i] = m.assignment();
+      ++assigned;
+      last = absl::Now();
+    };
+    streams.push_back(SessionStream::Start(
+        connections[i], MakeJoin("bench", i, agents), handlers));
+  }
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return assigned == agents;
+    };
+    if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(120))) {
+      Die(absl::StrCat("only ", assigned, " of ", agents,
+                       " agents were assigned within 120 s"));
+    }
+  }
+  const double cpu = daemon.CpuSeconds() - cpu_before;
+  if (print) {
+    for (int i = 0; i < agents; ++i) {
+      const auto& a = assignments[i];
+      std::printf(
+          "agent sim-%d: group rank %d of %d, ranks %d-%d of world %d, "
+          "master %s:%d\n",
+          i, a.group_rank(), a.group_world_size(), a.first_global_rank(),
+          a.first_global_rank() + 7, a.world_size(), a.master_addr().c_str(),
+          a.master_port());
+    }
+  }
+  for (auto& s : streams) s->Close();
+  for (auto& s : streams) s->Wait().IgnoreError();
+  std::printf(
+      "{\"bench\":\"rendezvous\",\"agents\":%d,\"all_assigned_ms\":%.2f,"
+      "\"connect_ms\":%.2f,\"daemon_cpu_s\":%.3f,\"daemon_peak_rss_mib\":%.1f}"
+      "\n",
+      agents, absl::ToDoubleMilliseconds(last - start),
+      absl::ToDoubleMilliseconds(connect_time), cpu, daemon.PeakRssMiB());
+  return 0;
+}
+
+// A one-node job so that the store has a scope; returns its session.
+std::unique_ptr<SessionStream> OpenJob(const Connection& c) {
+  absl::Notification assigned;
+  SessionStream::Handlers handlers;
+  handlers.on_message = [&assigned](const v1::ServerMessage& m) {
+    if (m.has_assignment() && !assigned.HasBeenNotified()) assigned.Notify();
+  };
+  auto stream = SessionStream::Start(c, MakeJoin("bench", 0, 1), handlers);
+  if (!assigned.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+    Die("the store job was not assigned");
+  }
+  return stream;
+}
+
+int Store(const std::string& ctrund, int clients, double seconds) {
+  DaemonProcess daemon(ctrund);
+  auto session = OpenJob(Connect(daemon.endpoint()));
+  for (const char* op : {"get", "set"}) {
+    std::vector<std::unique_ptr<StoreClient>> stores;
+    for (int i = 0; i < clients; ++i) {
+      stores.push_back(std::make_unique<StoreClient>(
+          Connect(daemon.endpoint()), "bench", 0));
+    }
+    if (!stores[0]->Set("key", std::string(64, 'v')).ok()) Die("set failed");
+    std::atomic<bool> stop{false};
+    std::atomic<long> ops{0};
+    std::vector<std::thread> threads;
+    const bool get = std::string(op) == "get";
+    for (int i = 0; i < clients; ++i) {
+      threads.emplace_back([&, i] {
+        long n = 0;
+        const std::string key = get ? "key" : absl::StrCat("key", i);
+        const std::string value(64, 'v');
+        while (!stop) {
+          const bool ok = get ? stores[i]->Get(key).ok()
+                              : stores[i]->Set(key, value).ok();
+          if (!ok) Die("store operation failed");
+          ++n;
+        }
+        ops += n;
+      });
+    }
+    const absl::Time start = absl::Now();
+    absl::SleepFor(absl::Seconds(seconds));
+    stop = true;
+    for (auto& t : threads) t.join();
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    std::printf(
+        "{\"bench\":\"store\",\"op\":\"%s\",\"clients\":%d,\"ops_per_s\":%.0f}"
+        "\n",
+        op, clients, static_cast<double>(ops) / elapsed);
+    std::fflush(stdout);
+  }
+  session->Close();
+  session->Wait().IgnoreError();
+  return 0;
+}
+
+int Broadcast(const std::string& ctrund, int waiters, int repeats) {
+  DaemonProcess daemon(ctrund);
+  auto session = OpenJob(Connect(daemon.endpoint()));
+  const Connection setter_connection = Connect(daemon.endpoint());
+  StoreClient setter(setter_connection, "bench", 0);
+  std::vector<Connection> connections;
+  std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
+  for (int i = 0; i < waiters; ++i) {
+    connections.push_back(Connect(daemon.endpoint()));
+    stubs.push_back(v1::Store::NewStub(connections.back().channel()));
+  }
+  std::vector<double> samples;
+  for (int r = 0; r < repeats; ++r) {
+    const std::string key = absl::StrCat("broadcast-", r);
+    absl::Mutex mu;
+    int answered = 0;
+    absl::Time last;
+    struct Call {
+      grpc::ClientContext context;
+      v1::GetRequest request;
+      v1::GetResponse response;
+    };
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int i = 0; i < waiters; ++i) {
+      auto call = std::make_unique<Call>();
+      connections[i].Prepare(&call->context, absl::Seconds(60));
+      call->request.mutable_scope()->set_job_id("bench");
+      call->request.mutable_scope()->set_round(0);
+      call->request.set_key(key);
+      call->request.set_wait_timeout_ms(30'000);
+      stubs[i]->async()->Get(&call->context, &call->request, &call->response,
+                             [&](grpc::Status s) {
+                               if (!s.ok()) Die(s.error_message());
+                               absl::MutexLock lock(&mu);
+                               ++answered;
+                               last = absl::Now();
+                             });
+      calls.push_back(std::move(call));
+    }
+    // Let every get reach the daemon and park before the set.
+    absl::SleepFor(absl::Milliseconds(500));
+    const absl::Time start = absl::Now();
+    if (!setter.Set(key, std::string(128, 'i')).ok()) Die("set failed");
+    absl::MutexLock lock(&mu);
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return answered == waiters;
+    };
+    if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(60))) {
+      Die("waiters did not all answer");
+    }
+    samples.push_back(absl::ToDoubleMilliseconds(last - start));
+  }
+  std::sort(samples.begin(), samples.end());
+  std::printf(
+      "{\"bench\":\"broadcast\",\"waiters\":%d,\"median_ms\":%.3f,"
+      "\"min_ms\":%.3f,\"max_ms\":%.3f}\n",
+      waiters, samples[samples.size() / 2], samples.front(), samples.back());
+  session->Close();
+  session->Wait().IgnoreError();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ctrun::bench
+
+int main(int argc, char** argv) {
+  using namespace ctrun::bench;
+  // Debian's Abseil checks every lock order at run time, which costs more
+  // than the locking itself with thousands of sessions; tests keep it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (argc < 2) Die("usage: rdzv_bench rendezvous|store|broadcast|demo ...");
+  const std::string mode = argv[1];
+  std::string ctrund = "ctrund";
+  int agents = 64, clients = 1, waiters = 64, repeats = 5;
+  double seconds = 3;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const std::string value = argv[i + 1];
+    if (flag == "--ctrund") ctrund = value;
+    else if (flag == "--agents") agents = std::stoi(value);
+    else if (flag == "--clients") clients = std::stoi(value);
+    else if (flag == "--waiters") waiters = std::stoi(value);
+    else if (flag == "--repeats") repeats = std::stoi(value);
+    else if (flag == "--seconds") seconds = std::stod(value);
+    else Die("unknown flag " + flag);
+  }
+  RaiseFileLimit();
+  if (mode == "rendezvous") return Rendezvous(ctrund, agents, false);
+  if (mode == "demo") return Rendezvous(ctrund, agents, true);
+  if (mode == "store") return Store(ctrund, clients, seconds);
+  if (mode == "broadcast") return Broadcast(ctrund, waiters, repeats);
+  Die("unknown mode " + mode);
+}
