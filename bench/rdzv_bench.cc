@@ -279,53 +279,30 @@ int Store(const std::string& ctrund, int clients, double seconds) {
 int Broadcast(const std::string& ctrund, int waiters, int repeats) {
   DaemonProcess daemon(ctrund);
   auto session = OpenJob(Connect(daemon.endpoint()));
-  const Connection setter_connection = Connect(daemon.endpoint());
-  StoreClient setter(setter_connection, "bench", 0);
-  std::vector<Connection> connections;
-  std::vector<std::unique_ptr<v1::Store::Stub>> stubs;
+  StoreClient setter(Connect(daemon.endpoint()), "bench", 0);
+  std::vector<std::unique_ptr<StoreClient>> clients;
   for (int i = 0; i < waiters; ++i) {
-    connections.push_back(Connect(daemon.endpoint()));
-    stubs.push_back(v1::Store::NewStub(connections.back().channel()));
+    clients.push_back(
+        std::make_unique<StoreClient>(Connect(daemon.endpoint()), "bench", 0));
+    if (!clients.back()->NumKeys().ok()) Die("store not reachable");
   }
   std::vector<double> samples;
   for (int r = 0; r < repeats; ++r) {
     const std::string key = absl::StrCat("broadcast-", r);
-    absl::Mutex mu;
-    int answered = 0;
-    absl::Time last;
-    struct Call {
-      grpc::ClientContext context;
-      v1::GetRequest request;
-      v1::GetResponse response;
-    };
-    std::vector<std::unique_ptr<Call>> calls;
+    std::vector<absl::Time> answered(waiters);
+    std::vector<std::thread> threads;
     for (int i = 0; i < waiters; ++i) {
-      auto call = std::make_unique<Call>();
-      connections[i].Prepare(&call->context, absl::Seconds(60));
-      call->request.mutable_scope()->set_job_id("bench");
-      call->request.mutable_scope()->set_round(0);
-      call->request.set_key(key);
-      call->request.set_wait_timeout_ms(30'000);
-      stubs[i]->async()->Get(&call->context, &call->request, &call->response,
-                             [&](grpc::Status s) {
-                               if (!s.ok()) Die(s.error_message());
-                               absl::MutexLock lock(&mu);
-                               ++answered;
-                               last = absl::Now();
-                             });
-      calls.push_back(std::move(call));
+      threads.emplace_back([&, i] {
+        if (!clients[i]->Get(key, absl::Seconds(30)).ok()) Die("get failed");
+        answered[i] = absl::Now();
+      });
     }
     // Let every get reach the daemon and park before the set.
     absl::SleepFor(absl::Milliseconds(500));
     const absl::Time start = absl::Now();
     if (!setter.Set(key, std::string(128, 'i')).ok()) Die("set failed");
-    absl::MutexLock lock(&mu);
-    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return answered == waiters;
-    };
-    if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(60))) {
-      Die("waiters did not all answer");
-    }
+    for (auto& t : threads) t.join();
+    const absl::Time last = *std::max_element(answered.begin(), answered.end());
     samples.push_back(absl::ToDoubleMilliseconds(last - start));
   }
   std::sort(samples.begin(), samples.end());

@@ -1,12 +1,14 @@
 #include "rendezvous/client.h"
 
 #include <atomic>
-#include <deque>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/notification.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/client_stream.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
 
@@ -65,6 +67,70 @@ void Connection::Prepare(grpc::ClientContext* context,
 
 // --- StoreClient ------------------------------------------------------------
 
+// The stream behind a StoreClient: requests out, responses matched to their
+// waiting callers by id.
+class StoreClient::Pipe final
+    : public ClientStream<v1::StoreRequest, v1::StoreResponse> {
+ public:
+  struct Slot {
+    absl::Notification done;
+    absl::StatusOr<v1::StoreResponse> result;
+  };
+
+  void Register(uint64_t id, std::shared_ptr<Slot> slot) {
+    absl::MutexLock lock(&mu_);
+    pending_[id] = std::move(slot);
+  }
+  void Abandon(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    pending_.erase(id);
+  }
+  bool open() {
+    absl::MutexLock lock(&mu_);
+    return !finished_;
+  }
+
+ private:
+  void OnMessage(const v1::StoreResponse& response) override {
+    std::shared_ptr<Slot> slot;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(response.id());
+      if (it == pending_.end()) return;  // its caller gave up
+      slot = std::move(it->second);
+      pending_.erase(it);
+    }
+    if (response.code() != 0) {
+      slot->result = absl::Status(static_cast<absl::StatusCode>(response.code()),
+                                  response.message());
+    } else {
+      slot->result = response;
+    }
+    slot->done.Notify();
+  }
+
+  void OnFinished(const absl::Status& status) override {
+    absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      pending.swap(pending_);
+    }
+    const absl::Status why =
+        status.ok() ? absl::UnavailableError("the store stream closed")
+                    : status;
+    for (auto& [id, slot] : pending) {
+      slot->result = why;
+      slot->done.Notify();
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending_
+      ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 StoreClient::StoreClient(Connection connection, std::string job_id,
                          int64_t round, absl::Duration rpc_timeout)
     : connection_(std::move(connection)),
@@ -73,165 +139,159 @@ StoreClient::StoreClient(Connection connection, std::string job_id,
       rpc_timeout_(rpc_timeout),
       round_(round) {}
 
+StoreClient::~StoreClient() {
+  std::shared_ptr<Pipe> pipe;
+  {
+    absl::MutexLock lock(&mu_);
+    pipe = std::move(pipe_);
+  }
+  if (pipe) {
+    pipe->Cancel();
+    pipe->Wait().IgnoreError();
+  }
+}
+
 void StoreClient::set_round(int64_t round) {
   absl::MutexLock lock(&mu_);
   round_ = round;
 }
 
-v1::StoreScope StoreClient::Scope() const {
-  v1::StoreScope scope;
-  scope.set_job_id(job_id_);
-  absl::MutexLock lock(&mu_);
-  scope.set_round(round_);
-  return scope;
+std::shared_ptr<StoreClient::Pipe> StoreClient::OpenPipe() {
+  if (pipe_ && pipe_->open()) return pipe_;
+  auto pipe = std::make_shared<Pipe>();
+  connection_.Prepare(&pipe->context(), absl::InfiniteDuration());
+  stub_->async()->Pipe(&pipe->context(), pipe.get());
+  pipe->Begin(pipe);
+  pipe_ = pipe;
+  return pipe;
 }
 
-namespace {
-
-template <typename Request, typename Response>
-absl::Status Invoke(const Connection& connection, v1::Store::Stub* stub,
-                    grpc::Status (v1::Store::Stub::*rpc)(grpc::ClientContext*,
-                                                         const Request&,
-                                                         Response*),
-                    const Request& request, Response* response,
-                    absl::Duration timeout) {
-  grpc::ClientContext context;
-  connection.Prepare(&context, timeout);
-  return FromGrpcStatus((stub->*rpc)(&context, request, response));
+absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
+                                                    absl::Duration wait) {
+  auto slot = std::make_shared<Pipe::Slot>();
+  std::shared_ptr<Pipe> pipe;
+  // A request that could not even be queued (the stream had just broken)
+  // is safe to send once more on a new stream.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      absl::MutexLock lock(&mu_);
+      pipe = OpenPipe();
+      request.set_id(next_id_++);
+      request.mutable_scope()->set_job_id(job_id_);
+      request.mutable_scope()->set_round(round_);
+    }
+    pipe->Register(request.id(), slot);
+    if (pipe->Send(request)) break;
+    pipe->Abandon(request.id());
+    if (attempt == 1) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach the store at ", connection_.endpoint()));
+    }
+  }
+  if (!slot->done.WaitForNotificationWithTimeout(wait + rpc_timeout_)) {
+    pipe->Abandon(request.id());
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no answer from the store at ", connection_.endpoint(), " within ",
+        absl::FormatDuration(wait + rpc_timeout_)));
+  }
+  return std::move(slot->result);
 }
-
-}  // namespace
 
 absl::Status StoreClient::Set(const std::string& key,
                               const std::string& value) {
-  v1::SetRequest req;
-  *req.mutable_scope() = Scope();
-  req.set_key(key);
-  req.set_value(value);
-  v1::SetResponse resp;
-  return Invoke(connection_, stub_.get(), &v1::Store::Stub::Set, req, &resp,
-                 rpc_timeout_);
+  v1::StoreRequest req;
+  req.mutable_set()->set_key(key);
+  req.mutable_set()->set_value(value);
+  return Call(std::move(req), absl::ZeroDuration()).status();
 }
 
 absl::StatusOr<std::string> StoreClient::Get(const std::string& key,
                                              absl::Duration wait) {
-  v1::GetRequest req;
-  *req.mutable_scope() = Scope();
-  req.set_key(key);
-  req.set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
-  v1::GetResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::Get, req, &resp,
-                 wait + rpc_timeout_);
-      !s.ok()) {
-    return s;
-  }
-  return std::move(*resp.mutable_value());
+  v1::StoreRequest req;
+  req.mutable_get()->set_key(key);
+  req.mutable_get()->set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
+  auto resp = Call(std::move(req), wait);
+  if (!resp.ok()) return resp.status();
+  return std::move(*resp->mutable_get()->mutable_value());
 }
 
 absl::StatusOr<int64_t> StoreClient::Add(const std::string& key,
                                          int64_t delta) {
-  v1::AddRequest req;
-  *req.mutable_scope() = Scope();
-  req.set_key(key);
-  req.set_delta(delta);
-  v1::AddResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::Add, req, &resp,
-                 rpc_timeout_); !s.ok()) {
-    return s;
-  }
-  return resp.value();
+  v1::StoreRequest req;
+  req.mutable_add()->set_key(key);
+  req.mutable_add()->set_delta(delta);
+  auto resp = Call(std::move(req), absl::ZeroDuration());
+  if (!resp.ok()) return resp.status();
+  return resp->add().value();
 }
 
 absl::StatusOr<StoreClient::CompareSetResult> StoreClient::CompareSet(
     const std::string& key, const std::string& expected,
     const std::string& desired) {
-  v1::CompareSetRequest req;
-  *req.mutable_scope() = Scope();
-  req.set_key(key);
-  req.set_expected(expected);
-  req.set_desired(desired);
-  v1::CompareSetResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::CompareSet, req, &resp,
-                 rpc_timeout_);
-      !s.ok()) {
-    return s;
-  }
-  return CompareSetResult{resp.swapped(), std::move(*resp.mutable_value())};
+  v1::StoreRequest req;
+  auto* cs = req.mutable_compare_set();
+  cs->set_key(key);
+  cs->set_expected(expected);
+  cs->set_desired(desired);
+  auto resp = Call(std::move(req), absl::ZeroDuration());
+  if (!resp.ok()) return resp.status();
+  return CompareSetResult{resp->compare_set().swapped(),
+                          std::move(*resp->mutable_compare_set()->mutable_value())};
 }
 
 absl::StatusOr<bool> StoreClient::Delete(const std::string& key) {
-  v1::DeleteRequest req;
-  *req.mutable_scope() = Scope();
-  req.set_key(key);
-  v1::DeleteResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::Delete, req, &resp,
-                 rpc_timeout_); !s.ok()) {
-    return s;
-  }
-  return resp.deleted();
+  v1::StoreRequest req;
+  req.mutable_delete_()->set_key(key);
+  auto resp = Call(std::move(req), absl::ZeroDuration());
+  if (!resp.ok()) return resp.status();
+  return resp->delete_().deleted();
 }
 
 absl::StatusOr<bool> StoreClient::Check(const std::vector<std::string>& keys) {
-  v1::CheckRequest req;
-  *req.mutable_scope() = Scope();
-  for (const auto& k : keys) req.add_keys(k);
-  v1::CheckResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::Check, req, &resp,
-                 rpc_timeout_); !s.ok()) {
-    return s;
-  }
-  return resp.all_set();
+  v1::StoreRequest req;
+  for (const auto& k : keys) req.mutable_check()->add_keys(k);
+  auto resp = Call(std::move(req), absl::ZeroDuration());
+  if (!resp.ok()) return resp.status();
+  return resp->check().all_set();
 }
 
 absl::StatusOr<int64_t> StoreClient::NumKeys() {
-  v1::NumKeysRequest req;
-  *req.mutable_scope() = Scope();
-  v1::NumKeysResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::NumKeys, req, &resp,
-                 rpc_timeout_); !s.ok()) {
-    return s;
-  }
-  return resp.num_keys();
+  v1::StoreRequest req;
+  req.mutable_num_keys();
+  auto resp = Call(std::move(req), absl::ZeroDuration());
+  if (!resp.ok()) return resp.status();
+  return resp->num_keys().num_keys();
 }
 
 absl::StatusOr<std::vector<std::string>> StoreClient::MultiGet(
     const std::vector<std::string>& keys, absl::Duration wait) {
-  v1::MultiGetRequest req;
-  *req.mutable_scope() = Scope();
-  for (const auto& k : keys) req.add_keys(k);
-  req.set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
-  v1::MultiGetResponse resp;
-  if (auto s = Invoke(connection_, stub_.get(), &v1::Store::Stub::MultiGet, req, &resp,
-                 wait + rpc_timeout_);
-      !s.ok()) {
-    return s;
-  }
-  return std::vector<std::string>(resp.values().begin(), resp.values().end());
+  v1::StoreRequest req;
+  auto* mg = req.mutable_multi_get();
+  for (const auto& k : keys) mg->add_keys(k);
+  mg->set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
+  auto resp = Call(std::move(req), wait);
+  if (!resp.ok()) return resp.status();
+  const auto& values = resp->multi_get().values();
+  return std::vector<std::string>(values.begin(), values.end());
 }
 
 absl::Status StoreClient::MultiSet(
     const std::vector<std::pair<std::string, std::string>>& entries) {
-  v1::MultiSetRequest req;
-  *req.mutable_scope() = Scope();
+  v1::StoreRequest req;
   for (const auto& [k, v] : entries) {
-    auto* e = req.add_entries();
+    auto* e = req.mutable_multi_set()->add_entries();
     e->set_key(k);
     e->set_value(v);
   }
-  v1::MultiSetResponse resp;
-  return Invoke(connection_, stub_.get(), &v1::Store::Stub::MultiSet, req, &resp,
-                 rpc_timeout_);
+  return Call(std::move(req), absl::ZeroDuration()).status();
 }
 
 absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
                                absl::Duration timeout) {
-  v1::WaitRequest req;
-  *req.mutable_scope() = Scope();
-  for (const auto& k : keys) req.add_keys(k);
-  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  v1::WaitResponse resp;
-  return Invoke(connection_, stub_.get(), &v1::Store::Stub::Wait, req, &resp,
-                 timeout + rpc_timeout_);
+  v1::StoreRequest req;
+  for (const auto& k : keys) req.mutable_wait()->add_keys(k);
+  req.mutable_wait()->set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  return Call(std::move(req), timeout).status();
 }
 
 // --- AdminClient ------------------------------------------------------------
@@ -267,165 +327,21 @@ absl::StatusOr<v1::JobStatus> AdminClient::DescribeJob(
 
 // --- SessionStream ----------------------------------------------------------
 
-// The gRPC reactor behind a SessionStream. It keeps itself alive until gRPC
-// is done with it (self_), so that the SessionStream may go away first.
-//
-// Writes go one at a time from a queue. A hold keeps gRPC from finishing the
-// stream while this side may still start a write; it is released once no
-// write will start again (half-closed, or the stream broke).
+// The stream behind a SessionStream: hands messages to the handlers.
 class SessionStream::Reactor final
-    : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMessage> {
+    : public ClientStream<v1::AgentMessage, v1::ServerMessage> {
  public:
   explicit Reactor(Handlers handlers) : handlers_(std::move(handlers)) {}
 
-  void Begin(std::shared_ptr<Reactor> self, const Connection& connection,
-             const v1::Join& join) {
-    self_ = std::move(self);
-    connection.Prepare(&context_, absl::InfiniteDuration());
-    auto stub = v1::Rendezvous::NewStub(connection.channel());
-    stub->async()->Session(&context_, this);
-    AddHold();
-    StartRead(&in_);
-    v1::AgentMessage first;
-    *first.mutable_join() = join;
-    Send(std::move(first));
-    StartCall();
-  }
-
-  void Send(v1::AgentMessage message) {
-    const v1::AgentMessage* next = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closing_ || broken_) return;
-      out_.push_back(std::move(message));
-      next = NextWriteLocked();
-    }
-    if (next != nullptr) StartWrite(next);
-  }
-
-  void Close() {
-    bool writes_done = false;
-    bool release = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closing_ || broken_) return;
-      closing_ = true;
-      writes_done = WritesDoneDueLocked();
-      release = ReleaseDueLocked();
-    }
-    if (writes_done) StartWritesDone();
-    if (release) RemoveHold();
-  }
-
-  void Cancel() { context_.TryCancel(); }
-
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](std::optional<absl::Status>* d) { return d->has_value(); },
-        &done_));
-    return *done_;
-  }
-
-  std::optional<absl::Status> WaitFor(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::optional<absl::Status>* d) { return d->has_value(); },
-            &done_),
-        timeout);
-    return done_;
-  }
-
-  bool done() {
-    absl::MutexLock lock(&mu_);
-    return done_.has_value();
-  }
-
  private:
-  // The message to write now, if none is in flight.
-  const v1::AgentMessage* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || out_.empty() || broken_) return nullptr;
-    writing_ = true;
-    return &out_.front();  // deque elements stay put on push_back
+  void OnMessage(const v1::ServerMessage& message) override {
+    if (handlers_.on_message) handlers_.on_message(message);
   }
-  bool WritesDoneDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!closing_ || writing_ || !out_.empty() || writes_done_ || broken_) {
-      return false;
-    }
-    writes_done_ = true;
-    return true;
-  }
-  bool ReleaseDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (hold_released_ || writing_) return false;
-    if (!writes_done_ && !broken_) return false;
-    hold_released_ = true;
-    return true;
+  void OnFinished(const absl::Status& status) override {
+    if (handlers_.on_done) handlers_.on_done(status);
   }
 
-  void OnReadDone(bool ok) override {
-    if (ok) {
-      if (handlers_.on_message) handlers_.on_message(in_);
-      StartRead(&in_);
-      return;
-    }
-    bool release;
-    {
-      absl::MutexLock lock(&mu_);
-      broken_ = true;
-      release = ReleaseDueLocked();
-    }
-    if (release) RemoveHold();
-  }
-
-  void OnWriteDone(bool ok) override {
-    const v1::AgentMessage* next = nullptr;
-    bool writes_done = false;
-    bool release = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      out_.pop_front();
-      if (!ok) {
-        broken_ = true;
-        out_.clear();
-      }
-      next = NextWriteLocked();
-      if (next == nullptr) writes_done = WritesDoneDueLocked();
-      release = ReleaseDueLocked();
-    }
-    if (next != nullptr) StartWrite(next);
-    if (writes_done) StartWritesDone();
-    if (release) RemoveHold();
-  }
-
-  void OnWritesDoneDone(bool) override {}
-
-  void OnDone(const grpc::Status& status) override {
-    const absl::Status result = FromGrpcStatus(status);
-    if (handlers_.on_done) handlers_.on_done(result);
-    std::shared_ptr<Reactor> self;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = result;
-      self = std::move(self_);
-    }
-    // `self` may be the last reference: nothing below touches members.
-  }
-
-  Handlers handlers_;
-  grpc::ClientContext context_;
-  v1::ServerMessage in_;
-  std::shared_ptr<Reactor> self_;
-
-  absl::Mutex mu_;
-  std::deque<v1::AgentMessage> out_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
+  const Handlers handlers_;
 };
 
 SessionStream::SessionStream(std::shared_ptr<Reactor> reactor)
@@ -434,7 +350,13 @@ SessionStream::SessionStream(std::shared_ptr<Reactor> reactor)
 std::unique_ptr<SessionStream> SessionStream::Start(
     const Connection& connection, const v1::Join& join, Handlers handlers) {
   auto reactor = std::make_shared<Reactor>(std::move(handlers));
-  reactor->Begin(reactor, connection, join);
+  connection.Prepare(&reactor->context(), absl::InfiniteDuration());
+  auto stub = v1::Rendezvous::NewStub(connection.channel());
+  stub->async()->Session(&reactor->context(), reactor.get());
+  v1::AgentMessage first;
+  *first.mutable_join() = join;
+  reactor->Send(std::move(first));
+  reactor->Begin(reactor);
   return std::unique_ptr<SessionStream>(new SessionStream(std::move(reactor)));
 }
 
@@ -446,7 +368,7 @@ SessionStream::~SessionStream() {
 }
 
 void SessionStream::Send(v1::AgentMessage message) {
-  reactor_->Send(std::move(message));
+  reactor_->Send(std::move(message));  // dropped when closing: documented
 }
 void SessionStream::Close() { reactor_->Close(); }
 void SessionStream::Cancel() { reactor_->Cancel(); }

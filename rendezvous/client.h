@@ -58,11 +58,16 @@ class Connection {
   std::string token_;
 };
 
-// The store of one job and round. Thread-safe.
+// The store of one job and round, over one stream that carries the
+// requests of every thread using this client (store.proto). The stream opens
+// on first use and again after it broke. Thread-safe.
 class StoreClient {
  public:
   StoreClient(Connection connection, std::string job_id, int64_t round,
               absl::Duration rpc_timeout = absl::Seconds(30));
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
 
   // Moves to another round's scope (after a restart).
   void set_round(int64_t round);
@@ -91,15 +96,24 @@ class StoreClient {
   absl::Status Wait(const std::vector<std::string>& keys,
                     absl::Duration timeout);
 
+  class Pipe;
+
  private:
-  v1::StoreScope Scope() const;
+  // Sends `request` with a fresh id and this client's scope; returns the
+  // response, or its status when that is not OK. `wait` is how long the
+  // server may hold the request, on top of the RPC timeout.
+  absl::StatusOr<v1::StoreResponse> Call(v1::StoreRequest request,
+                                         absl::Duration wait);
+  std::shared_ptr<Pipe> OpenPipe() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Connection connection_;
   const std::unique_ptr<v1::Store::Stub> stub_;
   const std::string job_id_;
   const absl::Duration rpc_timeout_;
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   int64_t round_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::shared_ptr<Pipe> pipe_ ABSL_GUARDED_BY(mu_);
 };
 
 class AdminClient {

@@ -20,6 +20,7 @@
 #include "ctrun/v1/store.grpc.pb.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/server_stream.h"
 
 namespace ctrun {
 
@@ -31,6 +32,13 @@ absl::Time MonotonicNow() {
 namespace {
 
 class SessionReactor;
+class StorePipe;
+
+// A store request parked in a job's store, as its stream tracks it.
+struct Parked {
+  v1::StoreScope scope;
+  KvStore::WaiterId waiter;
+};
 
 // What to do once the service mutex is released.
 struct Delivery {
@@ -59,20 +67,12 @@ class RendezvousServer::Impl {
   void OnSessionClosed(SessionId id);
   void OnSessionDone(SessionId id);
 
-  // Runs `op` on the scope's store under the mutex, then its completions.
-  template <typename Op>
-  absl::Status WithStore(const v1::StoreScope& scope, Op op) {
-    Delivery delivery;
-    absl::Status status;
-    {
-      absl::MutexLock lock(&mu_);
-      auto store = core_.Store(scope);
-      status = store.ok() ? op(**store, &delivery.fired) : store.status();
-      WakeTimerLocked();
-    }
-    Deliver(delivery);
-    return status;
-  }
+  // Store streams. Answers `request` on `pipe`, now or, for a wait, when
+  // it ends.
+  void ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
+                    const v1::StoreRequest& request);
+  // Drops the parked requests of a stream that ended.
+  void CancelWaits(const absl::flat_hash_map<uint64_t, Parked>& parked);
 
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs() {
     absl::MutexLock lock(&mu_);
@@ -83,12 +83,9 @@ class RendezvousServer::Impl {
     return core_.DescribeJob(id, MonotonicNow());
   }
 
-  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
-  RendezvousCore& core() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return core_; }
+ private:
   void WakeTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(Delivery& delivery);
-
- private:
   Delivery StageLocked(Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogEffectsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -118,107 +115,24 @@ namespace {
 
 using Impl = RendezvousServer::Impl;
 
-// One agent's session stream. Owned by itself (self_) from creation until
-// gRPC calls OnDone, and shared with the Impl's session map so that messages
-// can be queued to it. Messages are queued under the Impl mutex (so their
-// order is the core's order) and written one at a time after it is released.
+// One agent's session. Messages are queued under the Impl mutex (so that
+// their order is the core's order) and written after it is released.
 class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage> {
+    : public ServerStream<v1::AgentMessage, v1::ServerMessage> {
  public:
   SessionReactor(Impl* impl, SessionId id) : impl_(impl), id_(id) {}
 
-  void Begin(std::shared_ptr<SessionReactor> self) {
-    self_ = std::move(self);
-    StartRead(&in_);
-  }
-
-  // Refuses the stream before reading anything.
-  void Refuse(std::shared_ptr<SessionReactor> self, const absl::Status& why) {
-    self_ = std::move(self);
-    {
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
-    }
-    Finish(ToGrpcStatus(why));
-  }
-
-  void Enqueue(v1::ServerMessage message) {
-    absl::MutexLock lock(&mu_);
-    if (broken_ || finish_) return;
-    out_.push_back(std::move(message));
-  }
-  void EnqueueFinish(const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (!finish_) finish_ = ToGrpcStatus(status);
-  }
-
-  // Starts the next write, or the finish once everything is written.
-  void Flush() {
-    const v1::ServerMessage* next = nullptr;
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
-      if (!out_.empty() && !broken_) {
-        writing_ = true;
-        next = &out_.front();  // deque elements stay put on push_back
-      } else if (finish_) {
-        finished_ = true;
-        finish = *finish_;
-      }
-    }
-    if (next != nullptr) StartWrite(next);
-    if (finish) Finish(*finish);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      // The agent half-closed or the stream broke: either way the node has
-      // left. The core decides what that means for its job.
-      impl_->OnSessionClosed(id_);
-      EnqueueFinish(absl::OkStatus());
-      Flush();
-      return;
-    }
-    impl_->OnSessionMessage(id_, in_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (finish_ || finished_) return;
-    }
-    StartRead(&in_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      out_.pop_front();
-      if (!ok) {
-        broken_ = true;
-        out_.clear();
-      }
-    }
-    Flush();
-  }
-
-  void OnDone() override {
-    impl_->OnSessionDone(id_);
-    // Last use of `this`: the map's reference is gone, so this may free it.
-    std::shared_ptr<SessionReactor> self = std::move(self_);
-  }
-
  private:
+  void OnMessage(const v1::AgentMessage& message) override {
+    impl_->OnSessionMessage(id_, message);
+  }
+  // Half-closed or broken: either way the node has left; the core decides
+  // what that means for its job.
+  void OnPeerGone() override { impl_->OnSessionClosed(id_); }
+  void OnStreamDone() override { impl_->OnSessionDone(id_); }
+
   Impl* const impl_;
   const SessionId id_;
-  v1::AgentMessage in_;  // only touched by the read chain
-  std::shared_ptr<SessionReactor> self_;
-
-  absl::Mutex mu_;
-  std::deque<v1::ServerMessage> out_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -235,40 +149,64 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
   Impl* const impl_;
 };
 
-// A store call that may wait. Whoever removes its waiter from the store
-// (under the Impl mutex) finishes it: the store's callback when the keys
-// arrive, the deadline passes or the round ends; or OnCancel.
-class ParkedCall final : public grpc::ServerUnaryReactor {
+// A client's store stream. Requests are answered in any order; waiting
+// ones are parked in the job's store and tracked here, so that they can be
+// cancelled when the stream ends.
+class StorePipe final : public ServerStream<v1::StoreRequest, v1::StoreResponse>,
+                        public std::enable_shared_from_this<StorePipe> {
  public:
-  ParkedCall(Impl* impl, v1::StoreScope scope)
-      : impl_(impl), scope_(std::move(scope)) {}
+  explicit StorePipe(Impl* impl) : impl_(impl) {}
 
-  // Called under the Impl mutex once the waiter is parked. False when the
-  // call was cancelled before: the caller then cancels the waiter itself.
-  bool Attach(KvStore::WaiterId id) {
-    if (cancelled_) return false;
-    waiter_ = id;
-    return true;
+  // Sends one response.
+  void Reply(v1::StoreResponse response) {
+    Enqueue(std::move(response));
+    Flush();
+  }
+  void Track(uint64_t request_id, const v1::StoreScope& scope,
+             KvStore::WaiterId waiter) {
+    absl::MutexLock lock(&mu_);
+    parked_[request_id] = {scope, waiter};
+  }
+  void Untrack(uint64_t request_id) {
+    absl::MutexLock lock(&mu_);
+    parked_.erase(request_id);
   }
 
-  void OnCancel() override {
-    bool cancelled = false;
+ private:
+  void OnMessage(const v1::StoreRequest& request) override {
+    impl_->ExecuteStore(shared_from_this(), request);
+  }
+  void OnPeerGone() override {
+    absl::flat_hash_map<uint64_t, Parked> parked;
     {
-      absl::MutexLock lock(&impl_->mu());
-      cancelled_ = true;
-      auto store = impl_->core().Store(scope_);
-      cancelled = waiter_ != 0 && store.ok() && (*store)->Cancel(waiter_);
+      absl::MutexLock lock(&mu_);
+      parked.swap(parked_);
     }
-    if (cancelled) Finish(grpc::Status::CANCELLED);
+    impl_->CancelWaits(parked);
   }
-  void OnDone() override { delete this; }
+
+  Impl* const impl_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Parked> parked_ ABSL_GUARDED_BY(mu_);
+};
+
+class StoreService final : public v1::Store::CallbackService {
+ public:
+  explicit StoreService(Impl* impl) : impl_(impl) {}
+
+  grpc::ServerBidiReactor<v1::StoreRequest, v1::StoreResponse>* Pipe(
+      grpc::CallbackServerContext* ctx) override {
+    auto pipe = std::make_shared<StorePipe>(impl_);
+    if (auto s = impl_->Authorize(ctx, "Store"); !s.ok()) {
+      pipe->Refuse(pipe, s);
+    } else {
+      pipe->Begin(pipe);
+    }
+    return pipe.get();
+  }
 
  private:
   Impl* const impl_;
-  const v1::StoreScope scope_;
-  // Guarded by the Impl mutex.
-  KvStore::WaiterId waiter_ = 0;
-  bool cancelled_ = false;
 };
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
@@ -277,165 +215,6 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
-
-class StoreService final : public v1::Store::CallbackService {
- public:
-  explicit StoreService(Impl* impl) : impl_(impl) {}
-
-  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx,
-                                const v1::SetRequest* req,
-                                v1::SetResponse*) override {
-    return Run(ctx, "Set", req->scope(), [&](KvStore& s, auto* fired) {
-      return s.Set(req->key(), req->value(), fired);
-    });
-  }
-
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx,
-                                const v1::GetRequest* req,
-                                v1::GetResponse* resp) override {
-    return Park(ctx, "Get", req->scope(), {req->key()},
-                req->wait_timeout_ms(), [resp](KvStore::Values values) {
-                  resp->set_value(std::move(values.front()));
-                });
-  }
-
-  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx,
-                                const v1::AddRequest* req,
-                                v1::AddResponse* resp) override {
-    return Run(ctx, "Add", req->scope(), [&](KvStore& s, auto* fired) {
-      auto value = s.Add(req->key(), req->delta(), fired);
-      if (value.ok()) resp->set_value(*value);
-      return value.status();
-    });
-  }
-
-  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* ctx,
-                                       const v1::CompareSetRequest* req,
-                                       v1::CompareSetResponse* resp) override {
-    return Run(ctx, "CompareSet", req->scope(), [&](KvStore& s, auto* fired) {
-      auto r = s.CompareSet(req->key(), req->expected(), req->desired(), fired);
-      if (!r.ok()) return r.status();
-      resp->set_swapped(r->swapped);
-      resp->set_value(std::move(r->value));
-      return absl::OkStatus();
-    });
-  }
-
-  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
-                                   const v1::DeleteRequest* req,
-                                   v1::DeleteResponse* resp) override {
-    return Run(ctx, "Delete", req->scope(), [&](KvStore& s, auto*) {
-      auto deleted = s.Delete(req->key());
-      if (deleted.ok()) resp->set_deleted(*deleted);
-      return deleted.status();
-    });
-  }
-
-  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
-                                  const v1::CheckRequest* req,
-                                  v1::CheckResponse* resp) override {
-    return Run(ctx, "Check", req->scope(), [&](KvStore& s, auto*) {
-      auto all = s.Check({req->keys().begin(), req->keys().end()});
-      if (all.ok()) resp->set_all_set(*all);
-      return all.status();
-    });
-  }
-
-  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx,
-                                    const v1::NumKeysRequest* req,
-                                    v1::NumKeysResponse* resp) override {
-    return Run(ctx, "NumKeys", req->scope(), [&](KvStore& s, auto*) {
-      resp->set_num_keys(s.NumKeys());
-      return absl::OkStatus();
-    });
-  }
-
-  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
-                                     const v1::MultiGetRequest* req,
-                                     v1::MultiGetResponse* resp) override {
-    return Park(ctx, "MultiGet", req->scope(),
-                {req->keys().begin(), req->keys().end()},
-                req->wait_timeout_ms(), [resp](KvStore::Values values) {
-                  for (auto& v : values) resp->add_values(std::move(v));
-                });
-  }
-
-  grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
-                                     const v1::MultiSetRequest* req,
-                                     v1::MultiSetResponse*) override {
-    return Run(ctx, "MultiSet", req->scope(), [&](KvStore& s, auto* fired) {
-      std::vector<std::pair<std::string, std::string>> kvs;
-      kvs.reserve(req->entries_size());
-      for (const auto& e : req->entries()) kvs.emplace_back(e.key(), e.value());
-      return s.MultiSet(std::move(kvs), fired);
-    });
-  }
-
-  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
-                                 const v1::WaitRequest* req,
-                                 v1::WaitResponse*) override {
-    if (req->timeout_ms() <= 0) {
-      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "wait timeout_ms must be > 0, got ",
-                           req->timeout_ms())));
-    }
-    return Park(ctx, "Wait", req->scope(),
-                {req->keys().begin(), req->keys().end()}, req->timeout_ms(),
-                [](KvStore::Values) {});
-  }
-
- private:
-  template <typename Op>
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx,
-                                const char* method,
-                                const v1::StoreScope& scope, Op op) {
-    if (auto s = impl_->Authorize(ctx, method); !s.ok()) return Done(ctx, s);
-    return Done(ctx, impl_->WithStore(scope, op));
-  }
-
-  // Answers at once when the keys are set or the call does not wait;
-  // otherwise parks the call until they are.
-  template <typename Fill>
-  grpc::ServerUnaryReactor* Park(grpc::CallbackServerContext* ctx,
-                                 const char* method,
-                                 const v1::StoreScope& scope,
-                                 std::vector<std::string> keys,
-                                 int64_t wait_ms, Fill fill) {
-    if (auto s = impl_->Authorize(ctx, method); !s.ok()) return Done(ctx, s);
-    if (wait_ms < 0) {
-      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "wait timeout of ", wait_ms, " ms must be >= 0")));
-    }
-    if (wait_ms == 0) {
-      return Done(ctx, impl_->WithStore(scope, [&](KvStore& s, auto*) {
-        auto values = s.MultiGet(keys);
-        if (values.ok()) fill(std::move(*values));
-        return values.status();
-      }));
-    }
-    auto* call = new ParkedCall(impl_, scope);
-    const absl::Time deadline = MonotonicNow() + absl::Milliseconds(wait_ms);
-    auto callback = [call, fill](absl::StatusOr<KvStore::Values> result) {
-      if (result.ok()) fill(std::move(*result));
-      call->Finish(ToGrpcStatus(result.status()));
-    };
-    const absl::Status parked = impl_->WithStore(
-        scope, [&](KvStore& s, std::vector<KvStore::Fired>* fired) {
-          auto id =
-              s.Park(std::move(keys), deadline, std::move(callback), fired);
-          if (!id.ok()) return id.status();
-          if (*id != 0 && !call->Attach(*id)) {
-            s.Cancel(*id);
-            return absl::CancelledError("the call was cancelled");
-          }
-          return absl::OkStatus();
-        });
-    if (!parked.ok()) call->Finish(ToGrpcStatus(parked));
-    return call;
-  }
-
-  Impl* const impl_;
-};
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
@@ -668,6 +447,150 @@ void Impl::LogEffectsLocked(const Effects& effects) {
   }
   for (const auto& [id, status] : effects.finishes) {
     spdlog::warn("session {} ended: {}", id, status.ToString());
+  }
+}
+
+namespace {
+
+using Fill = std::function<void(v1::StoreResponse*, KvStore::Values)>;
+
+// Applies one store request. Reads that wait park a callback that answers on
+// `pipe` later; `*parked` then says the answer is not the caller's to send.
+absl::Status ApplyStoreRequest(KvStore& store,
+                               const std::shared_ptr<StorePipe>& pipe,
+                               const v1::StoreRequest& req,
+                               v1::StoreResponse* resp, bool* parked,
+                               std::vector<KvStore::Fired>* fired) {
+  auto read = [&](std::vector<std::string> keys, int64_t wait_ms,
+                  Fill fill) -> absl::Status {
+    if (wait_ms < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wait timeout of ", wait_ms, " ms must be >= 0"));
+    }
+    if (wait_ms == 0) {
+      auto values = store.MultiGet(keys);
+      if (values.ok()) fill(resp, std::move(*values));
+      return values.status();
+    }
+    const uint64_t id = req.id();
+    auto answer = [pipe, id, fill](absl::StatusOr<KvStore::Values> result) {
+      v1::StoreResponse later;
+      later.set_id(id);
+      if (result.ok()) {
+        fill(&later, std::move(*result));
+      } else {
+        later.set_code(static_cast<int32_t>(result.status().code()));
+        later.set_message(std::string(result.status().message()));
+      }
+      pipe->Untrack(id);
+      pipe->Reply(std::move(later));
+    };
+    auto waiter =
+        store.Park(std::move(keys), MonotonicNow() + absl::Milliseconds(wait_ms),
+                   std::move(answer), fired);
+    if (!waiter.ok()) return waiter.status();
+    if (*waiter != 0) pipe->Track(id, req.scope(), *waiter);
+    *parked = true;
+    return absl::OkStatus();
+  };
+  auto keys_of = [](const auto& repeated) {
+    return std::vector<std::string>(repeated.begin(), repeated.end());
+  };
+
+  switch (req.op_case()) {
+    case v1::StoreRequest::kSet:
+      return store.Set(req.set().key(), req.set().value(), fired);
+    case v1::StoreRequest::kGet:
+      return read({req.get().key()}, req.get().wait_timeout_ms(),
+                  [](v1::StoreResponse* r, KvStore::Values v) {
+                    r->mutable_get()->set_value(std::move(v.front()));
+                  });
+    case v1::StoreRequest::kMultiGet:
+      return read(keys_of(req.multi_get().keys()),
+                  req.multi_get().wait_timeout_ms(),
+                  [](v1::StoreResponse* r, KvStore::Values v) {
+                    auto* out = r->mutable_multi_get();
+                    for (auto& value : v) out->add_values(std::move(value));
+                  });
+    case v1::StoreRequest::kWait:
+      if (req.wait().timeout_ms() <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "wait timeout_ms must be > 0, got ", req.wait().timeout_ms()));
+      }
+      return read(keys_of(req.wait().keys()), req.wait().timeout_ms(),
+                  [](v1::StoreResponse*, KvStore::Values) {});
+    case v1::StoreRequest::kAdd: {
+      auto value = store.Add(req.add().key(), req.add().delta(), fired);
+      if (value.ok()) resp->mutable_add()->set_value(*value);
+      return value.status();
+    }
+    case v1::StoreRequest::kCompareSet: {
+      const auto& cs = req.compare_set();
+      auto r = store.CompareSet(cs.key(), cs.expected(), cs.desired(), fired);
+      if (!r.ok()) return r.status();
+      resp->mutable_compare_set()->set_swapped(r->swapped);
+      resp->mutable_compare_set()->set_value(std::move(r->value));
+      return absl::OkStatus();
+    }
+    case v1::StoreRequest::kDelete: {
+      auto deleted = store.Delete(req.delete_().key());
+      if (deleted.ok()) resp->mutable_delete_()->set_deleted(*deleted);
+      return deleted.status();
+    }
+    case v1::StoreRequest::kCheck: {
+      auto all = store.Check(keys_of(req.check().keys()));
+      if (all.ok()) resp->mutable_check()->set_all_set(*all);
+      return all.status();
+    }
+    case v1::StoreRequest::kNumKeys:
+      resp->mutable_num_keys()->set_num_keys(store.NumKeys());
+      return absl::OkStatus();
+    case v1::StoreRequest::kMultiSet: {
+      std::vector<std::pair<std::string, std::string>> kvs;
+      kvs.reserve(req.multi_set().entries_size());
+      for (const auto& e : req.multi_set().entries()) {
+        kvs.emplace_back(e.key(), e.value());
+      }
+      return store.MultiSet(std::move(kvs), fired);
+    }
+    case v1::StoreRequest::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("store request without an operation");
+}
+
+}  // namespace
+
+void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
+                        const v1::StoreRequest& request) {
+  v1::StoreResponse response;
+  response.set_id(request.id());
+  bool parked = false;
+  absl::Status status;
+  Delivery delivery;
+  {
+    absl::MutexLock lock(&mu_);
+    auto store = core_.Store(request.scope());
+    status = store.ok() ? ApplyStoreRequest(**store, pipe, request, &response,
+                                            &parked, &delivery.fired)
+                        : store.status();
+    WakeTimerLocked();
+  }
+  if (!parked) {
+    response.set_code(static_cast<int32_t>(status.code()));
+    response.set_message(std::string(status.message()));
+    pipe->Reply(std::move(response));
+  }
+  Deliver(delivery);
+}
+
+void Impl::CancelWaits(const absl::flat_hash_map<uint64_t, Parked>& parked) {
+  if (parked.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, p] : parked) {
+    if (auto store = core_.Store(p.scope); store.ok()) {
+      (*store)->Cancel(p.waiter);
+    }
   }
 }
 

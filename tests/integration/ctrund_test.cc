@@ -186,7 +186,7 @@ TEST_CASE("Wrong or missing tokens are refused and logged",
   absl::SleepFor(absl::Milliseconds(100));
   const std::string log = daemon.process().Stderr();
   CHECK(log.find("refused ListJobs") != std::string::npos);
-  CHECK(log.find("refused Set") != std::string::npos);
+  CHECK(log.find("refused Store") != std::string::npos);
   CHECK(log.find("missing token") != std::string::npos);
   CHECK(log.find("refused Session") != std::string::npos);
   CHECK(log.find("s3cret") == std::string::npos);
