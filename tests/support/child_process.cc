@@ -111,3 +111,17 @@ std::string ChildProcess::Stderr() const {
 }
 
 }  // namespace ctrun::testing
+
+namespace ctrun::testing {
+
+bool ChildProcess::StderrContains(const std::string& needle,
+                                  absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Stderr().find(needle) == std::string::npos) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace ctrun::testing

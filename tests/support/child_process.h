@@ -39,6 +39,8 @@ class ChildProcess {
 
   // Everything the child wrote to stderr so far.
   std::string Stderr() const;
+  // Whether stderr contains `needle` within `timeout`.
+  bool StderrContains(const std::string& needle, absl::Duration timeout) const;
 
  private:
   pid_t pid_ = -1;
