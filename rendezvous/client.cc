@@ -10,11 +10,13 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/client_stream.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/grpc_runtime.h"
 #include "rendezvous/grpc_status.h"
 
 namespace ctrun {
 
 absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
+  KeepGrpcInitialized();
   auto endpoint = ParseEndpoint(options.endpoint);
   if (!endpoint.ok()) return endpoint.status();
   if (endpoint->port == 0) {
@@ -139,17 +141,7 @@ StoreClient::StoreClient(Connection connection, std::string job_id,
       rpc_timeout_(rpc_timeout),
       round_(round) {}
 
-StoreClient::~StoreClient() {
-  std::shared_ptr<Pipe> pipe;
-  {
-    absl::MutexLock lock(&mu_);
-    pipe = std::move(pipe_);
-  }
-  if (pipe) {
-    pipe->Cancel();
-    pipe->Wait().IgnoreError();
-  }
-}
+StoreClient::~StoreClient() = default;  // the pipe's deleter ends it
 
 void StoreClient::set_round(int64_t round) {
   absl::MutexLock lock(&mu_);
@@ -158,10 +150,18 @@ void StoreClient::set_round(int64_t round) {
 
 std::shared_ptr<StoreClient::Pipe> StoreClient::OpenPipe() {
   if (pipe_ && pipe_->open()) return pipe_;
-  auto pipe = std::make_shared<Pipe>();
+  // A pipe that is no longer open is finishing; it is freed here, on this
+  // thread, once gRPC is done with it (client_stream.h says why). Callers
+  // still holding it keep it alive and destroy it likewise.
+  if (pipe_) pipe_->Wait().IgnoreError();
+  auto pipe = std::shared_ptr<Pipe>(new Pipe(), [](Pipe* p) {
+    p->Cancel();
+    p->Wait().IgnoreError();
+    delete p;
+  });
   connection_.Prepare(&pipe->context(), absl::InfiniteDuration());
   stub_->async()->Pipe(&pipe->context(), pipe.get());
-  pipe->Begin(pipe);
+  pipe->Begin();
   pipe_ = pipe;
   return pipe;
 }
@@ -344,27 +344,25 @@ class SessionStream::Reactor final
   const Handlers handlers_;
 };
 
-SessionStream::SessionStream(std::shared_ptr<Reactor> reactor)
+SessionStream::SessionStream(std::unique_ptr<Reactor> reactor)
     : reactor_(std::move(reactor)) {}
 
 std::unique_ptr<SessionStream> SessionStream::Start(
     const Connection& connection, const v1::Join& join, Handlers handlers) {
-  auto reactor = std::make_shared<Reactor>(std::move(handlers));
+  auto reactor = std::make_unique<Reactor>(std::move(handlers));
   connection.Prepare(&reactor->context(), absl::InfiniteDuration());
   auto stub = v1::Rendezvous::NewStub(connection.channel());
   stub->async()->Session(&reactor->context(), reactor.get());
   v1::AgentMessage first;
   *first.mutable_join() = join;
   reactor->Send(std::move(first));
-  reactor->Begin(reactor);
+  reactor->Begin();
   return std::unique_ptr<SessionStream>(new SessionStream(std::move(reactor)));
 }
 
 SessionStream::~SessionStream() {
-  if (!reactor_->done()) {
-    reactor_->Cancel();
-    reactor_->Wait().IgnoreError();
-  }
+  if (!reactor_->done()) reactor_->Cancel();
+  reactor_->Wait().IgnoreError();
 }
 
 void SessionStream::Send(v1::AgentMessage message) {

@@ -104,6 +104,7 @@ class StoreClient {
   // server may hold the request, on top of the RPC timeout.
   absl::StatusOr<v1::StoreResponse> Call(v1::StoreRequest request,
                                          absl::Duration wait);
+  // The open stream, opening a new one when there is none or it broke.
   std::shared_ptr<Pipe> OpenPipe() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Connection connection_;
@@ -165,8 +166,8 @@ class SessionStream {
   class Reactor;
 
  private:
-  explicit SessionStream(std::shared_ptr<Reactor> reactor);
-  std::shared_ptr<Reactor> reactor_;
+  explicit SessionStream(std::unique_ptr<Reactor> reactor);
+  std::unique_ptr<Reactor> reactor_;
 };
 
 }  // namespace ctrun

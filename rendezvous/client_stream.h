@@ -4,7 +4,12 @@
 // Writes go one at a time from a queue. A hold keeps gRPC from ending the
 // stream while this side may still start a write; it is released once no
 // write will start again (after a half-close, or when the stream broke).
-// The stream keeps itself alive from Begin until gRPC is done with it.
+//
+// The owner keeps the stream alive until it is done (Wait), and destroys it
+// on its own thread. Destroying it on a gRPC callback thread would free the
+// call there, racing with the owner freeing the channel: gRPC 1.51 then tears
+// down its callback completion queue under its own threads and aborts
+// ("assertion failed: prior > 0" in grpc_cq_internal_unref).
 #ifndef CTRUN_RENDEZVOUS_CLIENT_STREAM_H_
 #define CTRUN_RENDEZVOUS_CLIENT_STREAM_H_
 
@@ -29,9 +34,8 @@ class ClientStream : public grpc::ClientBidiReactor<Out, In> {
 
   // Starts the call. The RPC must already be bound to this reactor
   // (stub->async()->Method(&context(), this)); messages sent before Begin
-  // go first. `self` must own this object.
-  void Begin(std::shared_ptr<ClientStream> self) {
-    self_ = std::move(self);
+  // go first.
+  void Begin() {
     this->AddHold();
     this->StartRead(&in_);
     this->StartCall();
@@ -69,22 +73,24 @@ class ClientStream : public grpc::ClientBidiReactor<Out, In> {
   // Ends the stream at once.
   void Cancel() { context_.TryCancel(); }
 
+  // Blocks until gRPC is done with the stream; then it may be destroyed.
   absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&Done, &done_));
-    return *done_;
+    absl::MutexLock lock(&completion_->mu);
+    completion_->mu.Await(absl::Condition(&Done, &completion_->status));
+    return *completion_->status;
   }
 
   // The final status, or nullopt if not done within `timeout`.
   std::optional<absl::Status> WaitFor(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&Done, &done_), timeout);
-    return done_;
+    absl::MutexLock lock(&completion_->mu);
+    completion_->mu.AwaitWithTimeout(
+        absl::Condition(&Done, &completion_->status), timeout);
+    return completion_->status;
   }
 
   bool done() {
-    absl::MutexLock lock(&mu_);
-    return done_.has_value();
+    absl::MutexLock lock(&completion_->mu);
+    return completion_->status.has_value();
   }
 
  protected:
@@ -158,19 +164,27 @@ class ClientStream : public grpc::ClientBidiReactor<Out, In> {
   void OnDone(const grpc::Status& status) final {
     const absl::Status result = FromGrpcStatus(status);
     OnFinished(result);
-    std::shared_ptr<ClientStream> self;
     {
       absl::MutexLock lock(&mu_);
       broken_ = true;
-      done_ = result;
-      self = std::move(self_);
     }
-    // `self` may be the last reference: nothing below touches members.
+    // Once the status is set the owner may destroy this object; the
+    // completion outlives it through this reference.
+    std::shared_ptr<Completion> completion = completion_;
+    absl::MutexLock lock(&completion->mu);
+    completion->status = result;
   }
+
+  // The end of the stream, shared with OnDone's last moments.
+  struct Completion {
+    absl::Mutex mu;
+    std::optional<absl::Status> status ABSL_GUARDED_BY(mu);
+  };
 
   grpc::ClientContext context_;
   In in_;  // only touched by the read chain
-  std::shared_ptr<ClientStream> self_;
+  const std::shared_ptr<Completion> completion_ =
+      std::make_shared<Completion>();
 
   absl::Mutex mu_;
   std::deque<Out> out_ ABSL_GUARDED_BY(mu_);
@@ -179,7 +193,6 @@ class ClientStream : public grpc::ClientBidiReactor<Out, In> {
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ctrun
