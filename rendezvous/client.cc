@@ -10,13 +10,11 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/client_stream.h"
 #include "rendezvous/endpoint.h"
-#include "rendezvous/grpc_runtime.h"
 #include "rendezvous/grpc_status.h"
 
 namespace ctrun {
 
 absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
-  KeepGrpcInitialized();
   auto endpoint = ParseEndpoint(options.endpoint);
   if (!endpoint.ok()) return endpoint.status();
   if (endpoint->port == 0) {

@@ -19,7 +19,6 @@
 #include "ctrun/v1/rendezvous.grpc.pb.h"
 #include "ctrun/v1/store.grpc.pb.h"
 #include "rendezvous/auth.h"
-#include "rendezvous/grpc_runtime.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/server_stream.h"
 
@@ -282,7 +281,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 }  // namespace
 
 absl::Status Impl::Start() {
-  KeepGrpcInitialized();
   if (options_.token.empty() && !IsLoopbackHost(options_.listen.host)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "listening on ", options_.listen.ToString(),
