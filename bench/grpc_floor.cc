@@ -4,9 +4,9 @@
 //
 // A server process that answers every StoreRequest at once with a fixed
 // value (no lock, no lookup), and CLIENTS threads in this process, each on
-// its own connection and Pipe stream, doing blocking request/response pairs. Whatever ctrund's
-// store does beyond this is its own cost; this part is gRPC's and the
-// kernel's. Prints one JSON line like rdzv_bench.
+// its own connection and Pipe stream, doing blocking request/response pairs.
+// Whatever ctrund's store does beyond this is its own cost; this part is gRPC's
+// and the kernel's. Prints one JSON line like rdzv_bench.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -87,9 +87,9 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, i] {
       grpc::ChannelArguments args;
       args.SetInt("ctrun.channel_id", i);  // one connection per client
-      auto channel = grpc::CreateCustomChannel(
-          "127.0.0.1:" + std::to_string(port),
-          grpc::InsecureChannelCredentials(), args);
+      auto channel =
+          grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                    grpc::InsecureChannelCredentials(), args);
       auto stub = ctrun::v1::Store::NewStub(channel);
       grpc::ClientContext context;
       auto stream = stub->Pipe(&context);

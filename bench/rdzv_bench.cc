@@ -135,8 +135,8 @@ Connection Connect(const std::string& endpoint) {
   options.own_tcp_connection = true;
   auto c = Connection::Open(options);
   if (!c.ok()) Die(c.status().ToString());
-  c->channel()->WaitForConnected(absl::ToChronoTime(absl::Now() +
-                                                    absl::Seconds(30)));
+  c->channel()->WaitForConnected(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   return *c;
 }
 
@@ -243,8 +243,8 @@ int Store(const std::string& ctrund, int clients, double seconds) {
   for (const char* op : {"get", "set"}) {
     std::vector<std::unique_ptr<StoreClient>> stores;
     for (int i = 0; i < clients; ++i) {
-      stores.push_back(std::make_unique<StoreClient>(
-          Connect(daemon.endpoint()), "bench", 0));
+      stores.push_back(std::make_unique<StoreClient>(Connect(daemon.endpoint()),
+                                                     "bench", 0));
     }
     if (!stores[0]->Set("key", std::string(64, 'v')).ok()) Die("set failed");
     std::atomic<bool> stop{false};
@@ -257,8 +257,8 @@ int Store(const std::string& ctrund, int clients, double seconds) {
         const std::string key = get ? "key" : absl::StrCat("key", i);
         const std::string value(64, 'v');
         while (!stop) {
-          const absl::Status s = get ? stores[i]->Get(key).status()
-                                     : stores[i]->Set(key, value);
+          const absl::Status s =
+              get ? stores[i]->Get(key).status() : stores[i]->Set(key, value);
           if (!s.ok()) Die("store operation failed: " + s.ToString());
           ++n;
         }
@@ -336,13 +336,20 @@ int main(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
-    if (flag == "--ctrund") ctrund = value;
-    else if (flag == "--agents") agents = std::stoi(value);
-    else if (flag == "--clients") clients = std::stoi(value);
-    else if (flag == "--waiters") waiters = std::stoi(value);
-    else if (flag == "--repeats") repeats = std::stoi(value);
-    else if (flag == "--seconds") seconds = std::stod(value);
-    else Die("unknown flag " + flag);
+    if (flag == "--ctrund")
+      ctrund = value;
+    else if (flag == "--agents")
+      agents = std::stoi(value);
+    else if (flag == "--clients")
+      clients = std::stoi(value);
+    else if (flag == "--waiters")
+      waiters = std::stoi(value);
+    else if (flag == "--repeats")
+      repeats = std::stoi(value);
+    else if (flag == "--seconds")
+      seconds = std::stod(value);
+    else
+      Die("unknown flag " + flag);
   }
   RaiseFileLimit();
   if (mode == "rendezvous") return Rendezvous(ctrund, agents, false);

@@ -6,9 +6,9 @@
 #define CTRUN_RENDEZVOUS_AUTH_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ctrun {
 

@@ -4,8 +4,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client_stream.h"
@@ -27,8 +27,8 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   if (!options.tls_ca_file.empty()) {
     std::ifstream in(options.tls_ca_file, std::ios::binary);
     if (!in) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot read TLS CA file '", options.tls_ca_file, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read TLS CA file '", options.tls_ca_file, "'"));
     }
     std::stringstream pem;
     pem << in.rdbuf();
@@ -59,7 +59,8 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
 
 void Connection::Prepare(grpc::ClientContext* context,
                          absl::Duration timeout) const {
-  if (!token_.empty()) context->AddMetadata(kAuthMetadataKey, BearerValue(token_));
+  if (!token_.empty())
+    context->AddMetadata(kAuthMetadataKey, BearerValue(token_));
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
@@ -101,8 +102,8 @@ class StoreClient::Pipe final
       pending_.erase(it);
     }
     if (response.code() != 0) {
-      slot->result = absl::Status(static_cast<absl::StatusCode>(response.code()),
-                                  response.message());
+      slot->result = absl::Status(
+          static_cast<absl::StatusCode>(response.code()), response.message());
     } else {
       slot->result = response;
     }
@@ -182,15 +183,15 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
     if (pipe->Send(request)) break;
     pipe->Abandon(request.id());
     if (attempt == 1) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot reach the store at ", connection_.endpoint()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the store at ", connection_.endpoint()));
     }
   }
   if (!slot->done.WaitForNotificationWithTimeout(wait + rpc_timeout_)) {
     pipe->Abandon(request.id());
-    return absl::DeadlineExceededError(absl::StrCat(
-        "no answer from the store at ", connection_.endpoint(), " within ",
-        absl::FormatDuration(wait + rpc_timeout_)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("no answer from the store at ", connection_.endpoint(),
+                     " within ", absl::FormatDuration(wait + rpc_timeout_)));
   }
   return std::move(slot->result);
 }
@@ -233,8 +234,9 @@ absl::StatusOr<StoreClient::CompareSetResult> StoreClient::CompareSet(
   cs->set_desired(desired);
   auto resp = Call(std::move(req), absl::ZeroDuration());
   if (!resp.ok()) return resp.status();
-  return CompareSetResult{resp->compare_set().swapped(),
-                          std::move(*resp->mutable_compare_set()->mutable_value())};
+  return CompareSetResult{
+      resp->compare_set().swapped(),
+      std::move(*resp->mutable_compare_set()->mutable_value())};
 }
 
 absl::StatusOr<bool> StoreClient::Delete(const std::string& key) {

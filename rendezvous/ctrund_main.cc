@@ -3,16 +3,15 @@
 // The daemon's first line on stdout is "ctrund listening on HOST:PORT" (with
 // the real port when --listen asked for port 0), so scripts and tests can
 // read where it is. Logs go to stderr. SIGTERM or SIGINT end it cleanly.
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -35,7 +34,8 @@ int Fail(const std::string& message, int code = 1) {
 // Each agent holds a connection: allow as many as the hard limit permits.
 void RaiseFileLimit() {
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     setrlimit(RLIMIT_NOFILE, &limit);
   }
@@ -86,8 +86,8 @@ int RunDaemon(const DaemonFlags& flags) {
     return Fail("--tls-cert and --tls-key go together", kUsageError);
   }
   if (!flags.tls_cert.empty()) {
-    options.tls = TlsServerFiles{flags.tls_cert, flags.tls_key,
-                                 flags.tls_client_ca};
+    options.tls =
+        TlsServerFiles{flags.tls_cert, flags.tls_key, flags.tls_client_ca};
   } else if (!flags.tls_client_ca.empty()) {
     return Fail("--tls-client-ca needs --tls-cert and --tls-key", kUsageError);
   }
@@ -162,8 +162,7 @@ int RunStatus(const StatusFlags& flags) {
     auto job = admin.DescribeJob(flags.job);
     if (!job.ok()) {
       return Fail(absl::StrCat("cannot describe job '", flags.job, "' at ",
-                               flags.endpoint, ": ",
-                               job.status().ToString()));
+                               flags.endpoint, ": ", job.status().ToString()));
     }
     *jobs.add_jobs() = std::move(*job);
   }

@@ -11,9 +11,9 @@ namespace ctrun {
 namespace {
 
 absl::Status Malformed(absl::string_view text, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("endpoint '", text, "' ", why,
-                   "; expected HOST:PORT, e.g. 127.0.0.1:29400 or [::1]:29400"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "endpoint '", text, "' ", why,
+      "; expected HOST:PORT, e.g. 127.0.0.1:29400 or [::1]:29400"));
 }
 
 }  // namespace
@@ -45,8 +45,7 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text,
     }
   } else {
     const size_t colon = text.rfind(':');
-    if (colon != absl::string_view::npos &&
-        text.find(':') != colon) {
+    if (colon != absl::string_view::npos && text.find(':') != colon) {
       return Malformed(text, "looks like IPv6 without brackets");
     }
     if (colon == absl::string_view::npos) {

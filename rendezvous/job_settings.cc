@@ -6,9 +6,8 @@ namespace ctrun {
 
 absl::StatusOr<v1::JobSettings> ResolveJobSettings(v1::JobSettings s) {
   if (s.min_nodes() < 0 || s.max_nodes() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nodes ", s.min_nodes(), ":", s.max_nodes(),
-                     " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nodes ", s.min_nodes(), ":", s.max_nodes(), " must be positive"));
   }
   if (s.min_nodes() == 0) s.set_min_nodes(1);
   if (s.max_nodes() == 0) s.set_max_nodes(s.min_nodes());

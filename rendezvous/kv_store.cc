@@ -32,10 +32,10 @@ absl::Status KvStore::CheckKey(const std::string& key) const {
 absl::Status KvStore::CheckValue(const std::string& key,
                                  const std::string& value) const {
   if (value.size() > limits_.max_value_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "value for store key ", Quote(key), " has ", value.size(),
-        " bytes; the limit is ", limits_.max_value_bytes,
-        " (ctrund --max-value-bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("value for store key ", Quote(key), " has ", value.size(),
+                     " bytes; the limit is ", limits_.max_value_bytes,
+                     " (ctrund --max-value-bytes)"));
   }
   return absl::OkStatus();
 }
@@ -47,9 +47,8 @@ absl::Status KvStore::CheckCapacity(size_t added_keys,
         absl::StrCat("store holds ", data_.size(), " keys; the limit is ",
                      limits_.max_keys, " (ctrund --max-keys)"));
   }
-  if (added_bytes > 0 &&
-      total_bytes_ + static_cast<size_t>(added_bytes) >
-          limits_.max_total_bytes) {
+  if (added_bytes > 0 && total_bytes_ + static_cast<size_t>(added_bytes) >
+                             limits_.max_total_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("store holds ", total_bytes_, " bytes; the limit is ",
                      limits_.max_total_bytes));
@@ -136,9 +135,9 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta,
   }
   int64_t result;
   if (__builtin_add_overflow(current, delta, &result)) {
-    return absl::OutOfRangeError(absl::StrCat("add of ", delta, " to ",
-                                              current, " on store key ",
-                                              Quote(key), " overflows int64"));
+    return absl::OutOfRangeError(absl::StrCat("add of ", delta, " to ", current,
+                                              " on store key ", Quote(key),
+                                              " overflows int64"));
   }
   if (auto s = Set(key, absl::StrCat(result), fired); !s.ok()) return s;
   return result;
@@ -179,8 +178,9 @@ absl::StatusOr<bool> KvStore::Check(
   for (const auto& key : keys) {
     if (auto s = CheckKey(key); !s.ok()) return s;
   }
-  return std::all_of(keys.begin(), keys.end(),
-                     [this](const std::string& k) { return data_.contains(k); });
+  return std::all_of(keys.begin(), keys.end(), [this](const std::string& k) {
+    return data_.contains(k);
+  });
 }
 
 absl::StatusOr<KvStore::Values> KvStore::MultiGet(

@@ -229,8 +229,8 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   };
   auto settings = ResolveJobSettings(join.settings());
   if (!settings.ok()) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "job settings refused: ", settings.status().message())));
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("job settings refused: ", settings.status().message())));
   }
   if (auto s = ValidateJoin(join, settings->master_port() > 0); !s.ok()) {
     return refuse(s);
@@ -239,9 +239,9 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   auto it = jobs_.find(join.job_id());
   if (it == jobs_.end()) {
     if (jobs_.size() >= limits_.max_jobs) {
-      return refuse(absl::ResourceExhaustedError(absl::StrCat(
-          "the service holds ", jobs_.size(), " jobs; the limit is ",
-          limits_.max_jobs)));
+      return refuse(absl::ResourceExhaustedError(
+          absl::StrCat("the service holds ", jobs_.size(),
+                       " jobs; the limit is ", limits_.max_jobs)));
     }
     auto job = std::make_unique<Job>(limits_.store);
     job->id = join.job_id();
@@ -252,9 +252,11 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   Job& job = *it->second;
   if (std::string diff = DescribeSettingsDifference(job.settings, *settings);
       !diff.empty()) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("join refused: job '", job.id, "' exists with other "
-                     "settings: ", diff)));
+    return refuse(
+        absl::InvalidArgumentError(absl::StrCat("join refused: job '", job.id,
+                                                "' exists with other "
+                                                "settings: ",
+                                                diff)));
   }
   if (job.phase == v1::JobStatus::FINISHED ||
       job.phase == v1::JobStatus::FAILED) {
@@ -264,9 +266,9 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
         "; use a new rendezvous id for a new run")));
   }
   if (job.nodes.size() >= static_cast<size_t>(kMaxNodesPerJob)) {
-    return refuse(absl::ResourceExhaustedError(absl::StrCat(
-        "job '", job.id, "' has ", job.nodes.size(), " nodes; the limit is ",
-        kMaxNodesPerJob)));
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat("job '", job.id, "' has ", job.nodes.size(),
+                     " nodes; the limit is ", kMaxNodesPerJob)));
   }
   if (auto it = job.by_incarnation.find(join.node().incarnation());
       it != job.by_incarnation.end()) {
@@ -276,10 +278,10 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   }
   if (auto it = job.by_hint.find(join.node_rank_hint());
       join.node_rank_hint() >= 0 && it != job.by_hint.end()) {
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
-        "node rank ", join.node_rank_hint(), " of job '", job.id,
-        "' is held by ", job.nodes.at(it->second).Name(),
-        "; each node needs its own")));
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("node rank ", join.node_rank_hint(), " of job '", job.id,
+                     "' is held by ", job.nodes.at(it->second).Name(),
+                     "; each node needs its own")));
   }
 
   Node& node = job.AddNode(session, join);
@@ -337,10 +339,9 @@ void RendezvousCore::OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
       (rejoin.master_port_candidate() < 1 ||
        rejoin.master_port_candidate() > 65535)) {
     Evict(job, node.session,
-          absl::InvalidArgumentError(
-              absl::StrCat("master_port_candidate ",
-                           rejoin.master_port_candidate(),
-                           " is not a port (1..65535)")),
+          absl::InvalidArgumentError(absl::StrCat(
+              "master_port_candidate ", rejoin.master_port_candidate(),
+              " is not a port (1..65535)")),
           now, effects);
     return;
   }
@@ -476,10 +477,10 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   job.phase = v1::JobStatus::COLLECTING;
   job.round_opened = now;
   job.last_call_deadline = absl::InfiniteFuture();
-  job.store.Reset(absl::AbortedError(absl::StrCat(
-                      "round ", job.round - 1, " of job '", job.id,
-                      "' ended: ", detail)),
-                  &effects->fired);
+  job.store.Reset(
+      absl::AbortedError(absl::StrCat("round ", job.round - 1, " of job '",
+                                      job.id, "' ended: ", detail)),
+      &effects->fired);
   for (size_t i = 0; i < job.ranked.size(); ++i) {
     if (auto it = job.nodes.find(job.ranked[i]); it != job.nodes.end()) {
       it->second.previous_group_rank = static_cast<int32_t>(i);
@@ -600,9 +601,9 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
   job.phase = v1::JobStatus::FAILED;
   job.failure = reason;
   job.progress_due = false;
-  job.store.Reset(absl::AbortedError(absl::StrCat("job '", job.id,
-                                                  "' failed: ", reason)),
-                  &effects->fired);
+  job.store.Reset(
+      absl::AbortedError(absl::StrCat("job '", job.id, "' failed: ", reason)),
+      &effects->fired);
   for (const auto& [session, node] : job.nodes) {
     v1::ServerMessage m;
     m.mutable_job_failed()->set_round(job.round);
@@ -641,9 +642,10 @@ std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
   }
   std::string reason = absl::StrCat(
       "round ", job.round, " of job '", job.id, "' has ", joined.size(),
-      " of at least ", job.settings.min_nodes(), " nodes after the join "
-      "timeout of ", absl::FormatDuration(
-          absl::Milliseconds(job.settings.join_timeout_ms())),
+      " of at least ", job.settings.min_nodes(),
+      " nodes after the join "
+      "timeout of ",
+      absl::FormatDuration(absl::Milliseconds(job.settings.join_timeout_ms())),
       "; joined: [", absl::StrJoin(joined, ", "), "]");
   const v1::Progress progress = MakeProgress(job, nullptr, job.round_opened);
   if (progress.missing_node_ranks_size() > 0) {
@@ -791,9 +793,9 @@ absl::StatusOr<KvStore*> RendezvousCore::Store(const v1::StoreScope& scope) {
   }
   Job& job = *it->second;
   if (scope.round() != job.round) {
-    return absl::AbortedError(
-        absl::StrCat("store request for round ", scope.round(), " of job '",
-                     job.id, "', which is at round ", job.round));
+    return absl::AbortedError(absl::StrCat("store request for round ",
+                                           scope.round(), " of job '", job.id,
+                                           "', which is at round ", job.round));
   }
   return &job.store;
 }

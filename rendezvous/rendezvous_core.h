@@ -104,8 +104,8 @@ class RendezvousCore {
 
   void OnJoin(SessionId session, const v1::Join& join, absl::Time now,
               Effects* effects);
-  void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
-                absl::Time now, Effects* effects);
+  void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin, absl::Time now,
+                Effects* effects);
   void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
                       absl::Time now, Effects* effects);
 

@@ -152,8 +152,9 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 // A client's store stream. Requests are answered in any order; waiting
 // ones are parked in the job's store and tracked here, so that they can be
 // cancelled when the stream ends.
-class StorePipe final : public ServerStream<v1::StoreRequest, v1::StoreResponse>,
-                        public std::enable_shared_from_this<StorePipe> {
+class StorePipe final
+    : public ServerStream<v1::StoreRequest, v1::StoreResponse>,
+      public std::enable_shared_from_this<StorePipe> {
  public:
   explicit StorePipe(Impl* impl) : impl_(impl) {}
 
@@ -282,10 +283,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 
 absl::Status Impl::Start() {
   if (options_.token.empty() && !IsLoopbackHost(options_.listen.host)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "listening on ", options_.listen.ToString(),
-        " reaches beyond loopback, so a token is required "
-        "(ctrund --token-file FILE)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("listening on ", options_.listen.ToString(),
+                     " reaches beyond loopback, so a token is required "
+                     "(ctrund --token-file FILE)"));
   }
   auto credentials = MakeCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
@@ -302,8 +303,8 @@ absl::Status Impl::Start() {
   // connections that vanished without a reset (a partitioned host).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             5'000);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   services_.push_back(std::make_unique<RendezvousService>(this));
   services_.push_back(std::make_unique<StoreService>(this));
@@ -311,9 +312,9 @@ absl::Status Impl::Start() {
   for (auto& service : services_) builder.RegisterService(service.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options_.listen.ToString(),
-        " (address in use, or not an address of this machine)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options_.listen.ToString(),
+                     " (address in use, or not an address of this machine)"));
   }
   bound_ = options_.listen;
   bound_.port = port;
@@ -341,9 +342,9 @@ absl::Status Impl::Authorize(grpc::CallbackServerContext* ctx,
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find(kAuthMetadataKey);
   const bool present = it != metadata.end();
-  if (present && BearerMatches(absl::string_view(it->second.data(),
-                                                it->second.size()),
-                               options_.token)) {
+  if (present &&
+      BearerMatches(absl::string_view(it->second.data(), it->second.size()),
+                    options_.token)) {
     return absl::OkStatus();
   }
   spdlog::warn("refused {} from {}: {} token", method, ctx->peer(),
@@ -485,9 +486,9 @@ absl::Status ApplyStoreRequest(KvStore& store,
       pipe->Untrack(id);
       pipe->Reply(std::move(later));
     };
-    auto waiter =
-        store.Park(std::move(keys), MonotonicNow() + absl::Milliseconds(wait_ms),
-                   std::move(answer), fired);
+    auto waiter = store.Park(std::move(keys),
+                             MonotonicNow() + absl::Milliseconds(wait_ms),
+                             std::move(answer), fired);
     if (!waiter.ok()) return waiter.status();
     if (*waiter != 0) pipe->Track(id, req.scope(), *waiter);
     *parked = true;

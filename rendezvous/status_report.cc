@@ -27,8 +27,9 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
   for (const auto& job : jobs) {
     const auto& s = job.settings();
     absl::StrAppendFormat(
-        &out, "job %s  %s  round %d  nodes %d (min %d, max %d)  world %d  "
-              "restarts %d/%d",
+        &out,
+        "job %s  %s  round %d  nodes %d (min %d, max %d)  world %d  "
+        "restarts %d/%d",
         job.job_id(), Lower(v1::JobStatus::Phase_Name(job.phase())),
         job.round(), job.nodes_size(), s.min_nodes(), s.max_nodes(),
         job.world_size(), job.restart_count(), s.max_restarts());

@@ -60,8 +60,8 @@ TEST_CASE("256 concurrent sessions rendezvous into a permutation of ranks",
     CHECK(a->group_world_size() == kNodes);
     group_ranks.push_back(a->group_rank());
     masters.emplace(a->master_addr(), a->master_port());
-    for (int r = a->first_global_rank();
-         r < a->first_global_rank() + sizes[i]; ++r) {
+    for (int r = a->first_global_rank(); r < a->first_global_rank() + sizes[i];
+         ++r) {
       REQUIRE(r >= 0);
       REQUIRE(r < world);
       CHECK(owner[r] == -1);  // no rank handed out twice
@@ -281,8 +281,8 @@ TEST_CASE("ctrund status shows jobs nodes and ranks", "[ctrund][integration]") {
   CHECK(out.find("\"job_id\": \"visible\"") != std::string::npos);
   CHECK(out.find("\"heartbeat_age_ms\"") != std::string::npos);
 
-  ChildProcess missing({CtrundPath(), "status", "--endpoint",
-                        daemon.endpoint(), "--job", "nope"});
+  ChildProcess missing({CtrundPath(), "status", "--endpoint", daemon.endpoint(),
+                        "--job", "nope"});
   CHECK(missing.Wait(kWait) == 1);
   CHECK(missing.Stderr().find("NOT_FOUND") != std::string::npos);
 }

@@ -64,7 +64,8 @@ std::optional<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::nullopt;
     pollfd p{stdout_fd_, POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    const int ready =
+        poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) return std::nullopt;
     char chunk[4096];
@@ -94,8 +95,8 @@ std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
     int status = 0;
     const pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status)
-                                     : 128 + WTERMSIG(status);
+      exit_code_ =
+          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       return exit_code_;
     }
     if (absl::Now() >= deadline) return std::nullopt;

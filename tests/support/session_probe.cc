@@ -11,9 +11,9 @@ v1::Join MakeJoin(const JoinSpec& spec) {
   join.mutable_node()->set_hostname(spec.host);
   join.mutable_node()->set_pid(getpid());
   join.mutable_node()->set_incarnation(
-      spec.incarnation != 0 ? spec.incarnation
-                            : (std::hash<std::string>{}(spec.host) ^
-                               (counter++ << 20)) | 1);
+      spec.incarnation != 0
+          ? spec.incarnation
+          : (std::hash<std::string>{}(spec.host) ^ (counter++ << 20)) | 1);
   join.set_address("127.0.0.1");
   join.set_local_world_size(spec.local_world_size);
   join.set_node_rank_hint(-1);
@@ -82,8 +82,8 @@ std::optional<v1::Assignment> SessionProbe::NextAssignment(
 
 std::optional<v1::RestartRequired> SessionProbe::NextRestart(
     absl::Duration timeout) {
-  auto m = Next([](const auto& m) { return m.has_restart_required(); },
-                timeout);
+  auto m =
+      Next([](const auto& m) { return m.has_restart_required(); }, timeout);
   if (!m) return std::nullopt;
   return m->restart_required();
 }

@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
             " world=" + std::to_string(a.world_size()));
     } else if (m.has_restart_required()) {
       const auto& r = m.restart_required();
-      Print("restart round=" + std::to_string(r.round()) + " reason=" +
-            v1::RestartRequired::Reason_Name(r.reason()) +
+      Print("restart round=" + std::to_string(r.round()) +
+            " reason=" + v1::RestartRequired::Reason_Name(r.reason()) +
             " detail=" + r.detail());
       v1::AgentMessage rejoin;
       rejoin.mutable_rejoin()->set_round(r.round());

@@ -44,8 +44,8 @@ TEST_CASE("Store waiter is woken by set with the value", "[store][unit]") {
   KvStore store;
   std::vector<KvStore::Fired> fired;
   Outcome outcome;
-  auto id = store.Park({"k"}, kT0 + absl::Seconds(5), outcome.Callback(),
-                       &fired);
+  auto id =
+      store.Park({"k"}, kT0 + absl::Seconds(5), outcome.Callback(), &fired);
   REQUIRE(id.ok());
   CHECK(fired.empty());
   CHECK(store.num_waiters() == 1);
@@ -76,8 +76,9 @@ TEST_CASE("Store waiter for several keys fires when the last one is set",
   KvStore store;
   std::vector<KvStore::Fired> fired;
   Outcome outcome;
-  REQUIRE(store.Park({"b", "a", "b"}, kT0 + absl::Seconds(5),
-                     outcome.Callback(), &fired)
+  REQUIRE(store
+              .Park({"b", "a", "b"}, kT0 + absl::Seconds(5), outcome.Callback(),
+                    &fired)
               .ok());
   REQUIRE(store.Set("a", "1", &fired).ok());
   CHECK(fired.empty());
@@ -92,9 +93,9 @@ TEST_CASE("Store waiter keeps waiting when a key it saw set is deleted",
   KvStore store;
   std::vector<KvStore::Fired> fired;
   Outcome outcome;
-  REQUIRE(store.Park({"a", "b"}, kT0 + absl::Seconds(5), outcome.Callback(),
-                     &fired)
-              .ok());
+  REQUIRE(
+      store.Park({"a", "b"}, kT0 + absl::Seconds(5), outcome.Callback(), &fired)
+          .ok());
   REQUIRE(store.Set("a", "1", &fired).ok());
   REQUIRE(*store.Delete("a"));
   REQUIRE(store.Set("b", "2", &fired).ok());
@@ -126,8 +127,8 @@ TEST_CASE("Store cancelled waiter is never fired", "[store][unit]") {
   KvStore store;
   std::vector<KvStore::Fired> fired;
   Outcome outcome;
-  auto id = store.Park({"k"}, kT0 + absl::Seconds(1), outcome.Callback(),
-                       &fired);
+  auto id =
+      store.Park({"k"}, kT0 + absl::Seconds(1), outcome.Callback(), &fired);
   REQUIRE(id.ok());
   CHECK(store.Cancel(*id));
   CHECK_FALSE(store.Cancel(*id));
@@ -238,8 +239,8 @@ TEST_CASE("Store refuses empty and oversized keys", "[store][unit]") {
   KvStore store;
   std::vector<KvStore::Fired> fired;
   CHECK(absl::IsInvalidArgument(store.Set("", "v", &fired)));
-  CHECK(absl::IsInvalidArgument(
-      store.Set(std::string(4097, 'k'), "v", &fired)));
+  CHECK(
+      absl::IsInvalidArgument(store.Set(std::string(4097, 'k'), "v", &fired)));
   CHECK(absl::IsInvalidArgument(store.MultiGet({""}).status()));
 }
 

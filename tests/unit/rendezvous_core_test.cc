@@ -263,7 +263,8 @@ TEST_CASE("Master address and port come from group rank 0",
   CHECK(a->master_port() == 20002);
 }
 
-TEST_CASE("A fixed master port overrides the candidates", "[rendezvous][unit]") {
+TEST_CASE("A fixed master port overrides the candidates",
+          "[rendezvous][unit]") {
   Harness h(1, 1);
   h.settings().set_master_port(29500);
   h.Join(1, "a");
@@ -367,8 +368,7 @@ TEST_CASE("A failure with no restart left fails the job",
   auto f = h.LastFailed(1);
   REQUIRE(f);
   CHECK(f->reason().find("no restarts left") != std::string::npos);
-  CHECK(h.core().DescribeJob("job", h.now())->phase() ==
-        v1::JobStatus::FAILED);
+  CHECK(h.core().DescribeJob("job", h.now())->phase() == v1::JobStatus::FAILED);
 }
 
 TEST_CASE("A lost node spends no restart", "[rendezvous][unit]") {
@@ -491,7 +491,8 @@ TEST_CASE("A report of an ended round changes nothing", "[rendezvous][unit]") {
   CHECK_FALSE(h.Ended(2));
 }
 
-TEST_CASE("A report for a future round ends the session", "[rendezvous][unit]") {
+TEST_CASE("A report for a future round ends the session",
+          "[rendezvous][unit]") {
   Harness h(1, 1);
   h.Join(1, "a");
   h.Report(1, 5, v1::WorkerReport::RUNNING);
@@ -508,8 +509,8 @@ TEST_CASE("A join with other settings is refused naming the difference",
   h.SendJoin(2, join);
   REQUIRE(h.Ended(2));
   CHECK(absl::IsInvalidArgument(*h.Ended(2)));
-  CHECK(h.Ended(2)->message().find("max_nodes is 3 for the job, 4 in this join") !=
-        std::string::npos);
+  CHECK(h.Ended(2)->message().find(
+            "max_nodes is 3 for the job, 4 in this join") != std::string::npos);
 }
 
 TEST_CASE("A join to a finished job is refused", "[rendezvous][unit]") {
@@ -608,13 +609,13 @@ TEST_CASE("A new round aborts the parked store waits of the old one",
   scope.set_round(0);
   std::optional<absl::Status> outcome;
   std::vector<KvStore::Fired> fired;
-  REQUIRE((*h.core().Store(scope))
-              ->Park({"k"}, h.now() + absl::Seconds(100),
-                     [&](absl::StatusOr<KvStore::Values> r) {
-                       outcome = r.status();
-                     },
-                     &fired)
-              .ok());
+  REQUIRE(
+      (*h.core().Store(scope))
+          ->Park(
+              {"k"}, h.now() + absl::Seconds(100),
+              [&](absl::StatusOr<KvStore::Values> r) { outcome = r.status(); },
+              &fired)
+          .ok());
   h.Close(2);
   REQUIRE(outcome);
   CHECK(absl::IsAborted(*outcome));
