@@ -17,7 +17,7 @@
 // one JSON object per line, for bench/run.sh to tabulate.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,8 +39,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "rendezvous/client.h"
-
-extern char** environ;
 
 namespace ctrun::bench {
 namespace {
@@ -64,29 +62,26 @@ class DaemonProcess {
   explicit DaemonProcess(const std::string& path) {
     int out[2];
     if (pipe(out) != 0) Die("pipe failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null",
-                                     O_WRONLY, 0);
-    std::vector<std::string> args = {path, "--listen", "127.0.0.1:0",
-                                     "--log-level", "warn"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(),
-                    environ) != 0) {
-      Die("cannot start " + path);
+    pid_ = fork();
+    if (pid_ < 0) Die("fork failed");
+    if (pid_ == 0) {
+      // The daemon must not outlive a bench that crashed or was killed.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      dup2(out[1], STDOUT_FILENO);
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, STDERR_FILENO);
+      close(out[0]);
+      execl(path.c_str(), path.c_str(), "--listen", "127.0.0.1:0",
+            "--log-level", "warn", static_cast<char*>(nullptr));
+      _exit(127);
     }
-    posix_spawn_file_actions_destroy(&actions);
     close(out[1]);
     std::string line;
     char c;
     while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
     close(out[0]);
     const std::string prefix = "ctrund listening on ";
-    if (line.rfind(prefix, 0) != 0) Die("ctrund did not start: " + line);
+    if (line.rfind(prefix, 0) != 0) Die("ctrund did not start: " + path);
     endpoint_ = line.substr(prefix.size());
   }
   ~DaemonProcess() {

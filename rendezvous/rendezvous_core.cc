@@ -608,6 +608,7 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
     v1::ServerMessage m;
     m.mutable_job_failed()->set_round(job.round);
     m.mutable_job_failed()->set_reason(reason);
+    m.mutable_job_failed()->set_job_id(job.id);
     effects->messages.emplace_back(session, std::move(m));
   }
 }

@@ -12,7 +12,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ctrun/v1/admin.grpc.pb.h"
@@ -74,7 +73,7 @@ class RendezvousServer::Impl {
   // Drops the parked requests of a stream that ended.
   void CancelWaits(const absl::flat_hash_map<uint64_t, Parked>& parked);
 
-  absl::StatusOr<std::vector<v1::JobStatus>> ListJobs() {
+  std::vector<v1::JobStatus> ListJobs() {
     absl::MutexLock lock(&mu_);
     return core_.ListJobs(MonotonicNow());
   }
@@ -107,8 +106,6 @@ class RendezvousServer::Impl {
   absl::Time timer_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool timer_wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Jobs whose failure was logged, so that N agents make one line.
-  absl::flat_hash_set<std::string> logged_failures_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -227,8 +224,7 @@ class AdminService final : public v1::Admin::CallbackService {
     if (auto s = impl_->Authorize(ctx, "ListJobs"); !s.ok()) {
       return Done(ctx, s);
     }
-    auto jobs = impl_->ListJobs();
-    for (auto& job : *jobs) *resp->add_jobs() = std::move(job);
+    for (auto& job : impl_->ListJobs()) *resp->add_jobs() = std::move(job);
     return Done(ctx, absl::OkStatus());
   }
 
@@ -430,6 +426,7 @@ Delivery Impl::StageLocked(Effects& effects) {
 }
 
 void Impl::LogEffectsLocked(const Effects& effects) {
+  std::string last_failure;
   for (const auto& [id, message] : effects.messages) {
     if (message.has_assignment() && message.assignment().group_rank() == 0) {
       const auto& a = message.assignment();
@@ -439,11 +436,13 @@ void Impl::LogEffectsLocked(const Effects& effects) {
           a.job_id(), a.round(), a.group_world_size(), a.world_size(),
           a.master_addr(), a.master_port(), a.restart_count(),
           a.max_restarts());
-    } else if (message.has_job_failed()) {
-      // Every node gets the same reason; one line is enough.
-      if (logged_failures_.insert(message.job_failed().reason()).second) {
-        spdlog::error("job failed: {}", message.job_failed().reason());
-      }
+    } else if (message.has_job_failed() &&
+               message.job_failed().reason() != last_failure) {
+      // Every node of the job gets the same reason in one batch; one line.
+      last_failure = message.job_failed().reason();
+      spdlog::error("job {} failed in round {}: {}",
+                    message.job_failed().job_id(), message.job_failed().round(),
+                    last_failure);
     }
   }
   for (const auto& [id, status] : effects.finishes) {

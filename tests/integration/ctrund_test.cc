@@ -192,6 +192,37 @@ TEST_CASE("Wrong or missing tokens are refused and logged",
   unlink(token_file.c_str());
 }
 
+TEST_CASE("ctrund serves TLS to clients that trust its certificate",
+          "[ctrund][integration]") {
+  char dir_template[] = "/tmp/ctrun-tls-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  ChildProcess openssl(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+       "-days", "1", "-subj", "/CN=ctrund-test", "-addext",
+       "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
+  REQUIRE(openssl.Wait(kWait) == 0);
+  Daemon daemon({"--tls-cert", cert, "--tls-key", key});
+
+  ConnectionOptions trusted;
+  trusted.endpoint = daemon.endpoint();
+  trusted.tls_ca_file = cert;
+  auto connection = Connection::Open(trusted);
+  REQUIRE(connection.ok());
+  AdminClient tls(*connection);
+  CHECK(tls.ListJobs().ok());
+
+  AdminClient plaintext(daemon.Connect());
+  CHECK(absl::IsUnavailable(plaintext.ListJobs().status()));
+
+  ConnectionOptions missing_ca = trusted;
+  missing_ca.tls_ca_file = dir + "/nope.pem";
+  CHECK(absl::IsInvalidArgument(Connection::Open(missing_ca).status()));
+  unlink(cert.c_str());
+  unlink(key.c_str());
+  rmdir(dir.c_str());
+}
+
 TEST_CASE("Oversized values are refused by the store and by the transport",
           "[ctrund][integration]") {
   Daemon daemon;

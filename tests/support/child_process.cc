@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,9 @@ ChildProcess::ChildProcess(std::vector<std::string> argv) {
   if (pid_ < 0) std::abort();
   if (pid_ == 0) {
     setpgid(0, 0);
+    // A test binary killed outright (a timeout, a crash) takes its children
+    // along; PDEATHSIG follows the forking thread, which outlives the child.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(out[1], STDOUT_FILENO);
     dup2(err_fd, STDERR_FILENO);
     std::vector<char*> args;

@@ -2,7 +2,9 @@
 //
 // The child runs in its own process group with its stdout on a pipe (read
 // line by line with a timeout) and its stderr in a file. The destructor
-// SIGKILLs the group and reaps the child, so a failing test leaks nothing.
+// SIGKILLs the group and reaps the child, so a failing test leaks nothing;
+// a test binary that is itself killed takes the child along (parent-death
+// signal). Create it on a thread that outlives it (the test's own).
 #ifndef CTRUN_TESTS_SUPPORT_CHILD_PROCESS_H_
 #define CTRUN_TESTS_SUPPORT_CHILD_PROCESS_H_
 
