@@ -31,6 +31,19 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
+// Reads --token-file into `token` (left empty without the flag). False,
+// after saying why, when the file is unusable.
+bool LoadToken(const std::string& path, std::string* token) {
+  if (path.empty()) return true;
+  auto read = ReadTokenFile(path);
+  if (!read.ok()) {
+    Fail(absl::StrCat("--token-file: ", read.status().message()));
+    return false;
+  }
+  *token = *read;
+  return true;
+}
+
 // Each agent holds a connection: allow as many as the hard limit permits.
 void RaiseFileLimit() {
   rlimit limit{};
@@ -74,14 +87,7 @@ int RunDaemon(const DaemonFlags& flags) {
   }
   ServerOptions options;
   options.listen = *listen;
-  if (!flags.token_file.empty()) {
-    auto token = ReadTokenFile(flags.token_file);
-    if (!token.ok()) {
-      return Fail(absl::StrCat("--token-file: ", token.status().message()),
-                  kUsageError);
-    }
-    options.token = *token;
-  }
+  if (!LoadToken(flags.token_file, &options.token)) return kUsageError;
   if (flags.tls_cert.empty() != flags.tls_key.empty()) {
     return Fail("--tls-cert and --tls-key go together", kUsageError);
   }
@@ -136,14 +142,7 @@ int RunStatus(const StatusFlags& flags) {
   options.endpoint = flags.endpoint;
   options.tls_ca_file = flags.tls_ca;
   options.tls_server_name = flags.tls_server_name;
-  if (!flags.token_file.empty()) {
-    auto token = ReadTokenFile(flags.token_file);
-    if (!token.ok()) {
-      return Fail(absl::StrCat("--token-file: ", token.status().message()),
-                  kUsageError);
-    }
-    options.token = *token;
-  }
+  if (!LoadToken(flags.token_file, &options.token)) return kUsageError;
   auto connection = Connection::Open(options);
   if (!connection.ok()) {
     return Fail(absl::StrCat("--endpoint: ", connection.status().message()),
