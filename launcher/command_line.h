@@ -1,0 +1,48 @@
+// ctrun's command line: torchrun's flags, in both spellings
+// (--nproc_per_node and --nproc-per-node), with their PET_<FLAG> environment
+// overrides, parsed into LaunchOptions.
+//
+// Flags come before the entrypoint; everything after it belongs to the
+// script, untouched, even when it looks like a ctrun flag. Every refusal is
+// one line naming the flag and what it accepts.
+#ifndef CTRUN_LAUNCHER_COMMAND_LINE_H_
+#define CTRUN_LAUNCHER_COMMAND_LINE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/launch_options.h"
+
+namespace ctrun {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// What the machine has, for --nproc_per_node=gpu|cpu|auto.
+struct HostFacts {
+  int cpu_count = 1;
+  int gpu_count = 0;
+  std::string gpu_source;  // how gpu_count was found, for messages
+};
+
+struct CommandLine {
+  enum class Action { kLaunch, kHelp, kVersion };
+  Action action = Action::kLaunch;
+  LaunchOptions options;
+};
+
+// `args` excludes argv[0]. INVALID_ARGUMENT, with a one-line message, for
+// anything that cannot be launched.
+absl::StatusOr<CommandLine> ParseCommandLine(
+    const std::vector<std::string>& args, const EnvMap& env,
+    const HostFacts& host);
+
+// The text of --help: a synopsis, then every flag.
+std::string HelpText();
+
+inline constexpr char kCtrunVersion[] = "0.1.0";
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_COMMAND_LINE_H_

@@ -1,0 +1,169 @@
+// ctrun: the launcher. Parses torchrun's command line, hosts the
+// rendezvous in-process for a single-node job, and runs the agent.
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "launcher/agent.h"
+#include "launcher/command_line.h"
+#include "launcher/host_facts.h"
+#include "launcher/watchdog.h"
+#include "launcher/worker_command.h"
+#include "rendezvous/auth.h"
+#include "rendezvous/rendezvous_server.h"
+
+extern char** environ;
+
+namespace ctrun {
+namespace {
+
+constexpr int kUsageError = 2;
+
+EnvMap ProcessEnvironment() {
+  EnvMap env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq != nullptr) env[std::string(*e, eq - *e)] = std::string(eq + 1);
+  }
+  return env;
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+int Fail(const std::string& message, int code) {
+  std::cerr << "ctrun: " << message << "\n";
+  return code;
+}
+
+int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
+           EnvMap env) {
+  for (const auto& notice : options.notices) {
+    std::cerr << "ctrun: note: " << notice << "\n";
+  }
+  // Signals are taken through the agent's signalfd; blocked before any
+  // thread exists so that no thread ever takes them.
+  const sigset_t signals = AgentSignals(options.signals_to_handle);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Orphaned grandchildren come to ctrun, which ends them.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  auto watchdog = Watchdog::Start();
+  if (!watchdog.ok()) return Fail(std::string(watchdog.status().message()), 1);
+
+  // The agent is the in-process rendezvous' only client and says itself
+  // what happened; the service's own log would repeat it, on stdout, which
+  // belongs to the workers.
+  auto logger = spdlog::stderr_color_mt("ctrun");
+  logger->set_pattern("ctrun: %v");
+  logger->set_level(spdlog::level::off);
+  spdlog::set_default_logger(logger);
+
+  // One node: host the rendezvous on a free loopback port with a fresh
+  // token, and talk to it like to any other.
+  ServerOptions server_options;
+  server_options.listen = Endpoint{"127.0.0.1", 0};
+  server_options.token = GenerateToken();
+  auto server = RendezvousServer::Start(server_options);
+  if (!server.ok()) {
+    return Fail(
+        absl::StrCat("cannot host the rendezvous: ", server.status().message()),
+        1);
+  }
+  const std::string endpoint = (*server)->endpoint().ToString();
+  ConnectionOptions connection_options;
+  connection_options.endpoint = endpoint;
+  connection_options.token = server_options.token;
+  auto connection = Connection::Open(connection_options);
+  if (!connection.ok())
+    return Fail(std::string(connection.status().message()), 1);
+
+  // Per-attempt logs and error files: under --log_dir/RUN_ID, or in a
+  // temporary directory removed at the end.
+  std::string run_dir;
+  bool temporary = false;
+  if (!options.log_dir.empty()) {
+    run_dir = absl::StrCat(options.log_dir, "/", options.run_id);
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir, ec);
+    if (ec) {
+      return Fail(absl::StrCat("--log_dir: cannot create ", run_dir, ": ",
+                               ec.message()),
+                  kUsageError);
+    }
+  } else {
+    char dir[] = "/tmp/ctrun-XXXXXX";
+    if (mkdtemp(dir) == nullptr)
+      return Fail("cannot create a temporary directory", 1);
+    run_dir = dir;
+    temporary = true;
+  }
+
+  AgentConfig config;
+  config.options = std::move(options);
+  config.worker_argv = std::move(worker_argv);
+  config.env = std::move(env);
+  config.hostname = Hostname();
+  config.address = config.options.local_addr.empty()
+                       ? std::string("127.0.0.1")
+                       : config.options.local_addr;
+  config.connection = *connection;
+  config.store = StoreAccess{endpoint, server_options.token};
+  config.run_dir = run_dir;
+  config.watchdog = &*watchdog;
+  int code;
+  {
+    Agent agent(std::move(config));
+    code = agent.Run();
+  }
+  (*server)->Shutdown();
+  if (temporary) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir, ec);
+  }
+  return code;
+}
+
+}  // namespace
+}  // namespace ctrun
+
+int main(int argc, char** argv) {
+  using namespace ctrun;
+  // Debian's Abseil checks lock order on every acquisition; tests keep that
+  // on, the launcher does not pay for it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  EnvMap env = ProcessEnvironment();
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  auto command = ParseCommandLine(args, env, DetectHostFacts(env));
+  if (!command.ok())
+    return Fail(std::string(command.status().message()), kUsageError);
+  if (command->action == CommandLine::Action::kHelp) {
+    std::cout << HelpText();
+    return 0;
+  }
+  if (command->action == CommandLine::Action::kVersion) {
+    std::cout << "ctrun " << kCtrunVersion << "\n";
+    return 0;
+  }
+  LaunchOptions& options = command->options;
+  auto worker_argv = ResolveWorkerCommand(options, env);
+  if (!worker_argv.ok()) {
+    return Fail(std::string(worker_argv.status().message()), kUsageError);
+  }
+  if (options.dry_run) {
+    std::cout << FormatLaunchPlan(options, *worker_argv);
+    return 0;
+  }
+  return Launch(std::move(options), std::move(*worker_argv), std::move(env));
+}

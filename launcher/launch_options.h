@@ -1,0 +1,97 @@
+// LaunchOptions: everything `ctrun` was asked to do, resolved and validated.
+//
+// Filled by ParseCommandLine (command_line.h) from flags, PET_* environment
+// overrides and defaults, in that order of precedence; each setting
+// remembers where its value came from, for --dry_run.
+#ifndef CTRUN_LAUNCHER_LAUNCH_OPTIONS_H_
+#define CTRUN_LAUNCHER_LAUNCH_OPTIONS_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ctrun {
+
+// Where a setting's value came from.
+enum class Source { kDefault, kFlag, kEnv, kDerived };
+const char* SourceName(Source source);
+
+// Which of a worker's streams go to a log file: torchrun's Std (0 none,
+// 1 stdout, 2 stderr, 3 both), for all local ranks or per local rank.
+struct StreamSelection {
+  int all = 0;                    // for ranks not in `per_rank`
+  std::map<int, int> per_rank;    // local rank -> 0..3
+  int For(int local_rank) const;  // 0..3
+};
+
+// "3" or "0:1,1:2" (torchrun's --redirects/--tee). INVALID_ARGUMENT names
+// the accepted forms.
+absl::StatusOr<StreamSelection> ParseStreamSelection(const std::string& text);
+
+struct LaunchOptions {
+  // Nodes and workers.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int local_world_size = 1;  // --nproc_per_node, resolved to a count
+
+  // Rendezvous.
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;  // HOST:PORT; empty: hosted in-process
+  std::string run_id;         // --rdzv_id; generated when "none"
+  std::map<std::string, std::string> rdzv_conf;
+  bool standalone = false;
+  int node_rank = -1;  // -1: no hint
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;     // 0: a free port found by group rank 0
+  std::string local_addr;  // advertised address; empty: derived
+
+  // Job.
+  int max_restarts = 0;
+  std::string role = "default";
+  absl::Duration join_timeout = absl::Seconds(600);
+  absl::Duration last_call_timeout = absl::Seconds(30);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  absl::Duration keep_alive_interval = absl::Seconds(1);
+
+  // Workers.
+  std::string entrypoint;
+  std::vector<std::string> script_args;
+  bool module = false;     // -m: python -m ENTRYPOINT
+  bool no_python = false;  // execute ENTRYPOINT directly
+  std::vector<int> signals_to_handle;
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+
+  // Output.
+  std::string log_dir;  // empty: a temporary one, removed at exit
+  StreamSelection redirects;
+  StreamSelection tee;
+  std::optional<std::vector<int>> local_ranks_filter;  // nullopt: all
+  std::string log_line_prefix_template;
+
+  bool dry_run = false;
+
+  // Every setting's final value as text and where it came from, in the
+  // order --help lists them; for --dry_run.
+  struct Setting {
+    std::string name;
+    std::string value;
+    Source source;
+    std::string note;  // e.g. why a torchrun flag has no effect in ctrun
+  };
+  std::vector<Setting> settings;
+  // One line each for flags given that ctrun accepts but has no use for.
+  std::vector<std::string> notices;
+};
+
+// The launch plan as --dry_run prints it: every setting, its value and its
+// source, then the worker command line.
+std::string FormatLaunchPlan(const LaunchOptions& options,
+                             const std::vector<std::string>& worker_argv);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_LAUNCH_OPTIONS_H_

@@ -1,0 +1,82 @@
+#include "launcher/watchdog.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ctrun {
+namespace {
+
+// The watchdog's whole life: collect process groups, and kill those left
+// when the agent's end of the pipe closes.
+[[noreturn]] void RunWatchdog(int fd) {
+  // Terminal signals reach the agent's process group, this one included;
+  // the watchdog must outlive the agent, so it ignores them.
+  for (int sig :
+       {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) {
+    signal(sig, SIG_IGN);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  prctl(PR_SET_NAME, "ctrun-watchdog");
+  std::set<pid_t> groups;
+  int32_t record;
+  while (true) {
+    const ssize_t n = read(fd, &record, sizeof record);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != sizeof record) break;  // EOF: the agent is gone
+    if (record > 0) groups.insert(record);
+    if (record < 0) groups.erase(-record);
+  }
+  for (pid_t pgid : groups) kill(-pgid, SIGKILL);
+  _exit(0);
+}
+
+}  // namespace
+
+absl::StatusOr<Watchdog> Watchdog::Start() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(
+        absl::StrCat("pipe for the watchdog: ", strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(
+        absl::StrCat("fork of the watchdog: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    close(fds[1]);
+    RunWatchdog(fds[0]);
+  }
+  close(fds[0]);
+  return Watchdog(pid, fds[1]);
+}
+
+Watchdog::Watchdog(Watchdog&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), fd_(std::exchange(other.fd_, -1)) {}
+
+Watchdog::~Watchdog() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Watchdog::Send(int32_t record) {
+  if (fd_ < 0) return;
+  // 4 bytes are below PIPE_BUF: one write, never split.
+  while (write(fd_, &record, sizeof record) < 0 && errno == EINTR) {
+  }
+}
+
+void Watchdog::Track(pid_t pgid) { Send(pgid); }
+void Watchdog::Untrack(pid_t pgid) { Send(-pgid); }
+
+}  // namespace ctrun

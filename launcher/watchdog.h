@@ -1,0 +1,41 @@
+// Watchdog: a small process that ends the workers' process groups when the
+// agent dies, however it dies (kill -9 included).
+//
+// Each worker dies with the agent through its parent-death signal, but its
+// own children do not; the watchdog knows every worker's process group and
+// SIGKILLs them all when its pipe from the agent closes, which the kernel
+// does on the agent's death. Grandchildren that left their worker's group
+// (setsid) are out of its reach.
+#ifndef CTRUN_LAUNCHER_WATCHDOG_H_
+#define CTRUN_LAUNCHER_WATCHDOG_H_
+
+#include <sys/types.h>
+
+#include "absl/status/statusor.h"
+
+namespace ctrun {
+
+class Watchdog {
+ public:
+  // Forks the watchdog. Must run before the agent starts any thread.
+  static absl::StatusOr<Watchdog> Start();
+
+  Watchdog(Watchdog&& other) noexcept;
+  Watchdog& operator=(Watchdog&&) = delete;
+  ~Watchdog();  // closes the pipe: the watchdog ends what is still tracked
+
+  void Track(pid_t pgid);
+  void Untrack(pid_t pgid);
+  pid_t pid() const { return pid_; }
+
+ private:
+  Watchdog(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  void Send(int32_t record);
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_WATCHDOG_H_

@@ -1,0 +1,42 @@
+#include "launcher/worker_env.h"
+
+#include "absl/strings/str_cat.h"
+#include "ctrun/environment.h"
+
+namespace ctrun {
+
+EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
+                         int local_rank, const EnvMap& agent_env,
+                         const StoreAccess& store,
+                         const std::string& error_file) {
+  EnvMap e = agent_env;
+  const int rank = a.first_global_rank() + local_rank;
+  e[env::kLocalRank] = absl::StrCat(local_rank);
+  e[env::kRank] = absl::StrCat(rank);
+  e[env::kGroupRank] = absl::StrCat(a.group_rank());
+  // One role per job: role ranks are global ranks.
+  e[env::kRoleRank] = absl::StrCat(rank);
+  e[env::kRoleName] = options.role;
+  e[env::kLocalWorldSize] = absl::StrCat(options.local_world_size);
+  e[env::kWorldSize] = absl::StrCat(a.world_size());
+  e[env::kGroupWorldSize] = absl::StrCat(a.group_world_size());
+  e[env::kRoleWorldSize] = absl::StrCat(a.world_size());
+  e[env::kMasterAddr] = a.master_addr();
+  e[env::kMasterPort] = absl::StrCat(a.master_port());
+  e[env::kRestartCount] = absl::StrCat(a.restart_count());
+  e[env::kMaxRestarts] = absl::StrCat(a.max_restarts());
+  e[env::kRunId] = options.run_id;
+  // PyTorch's rank 0 hosts its own TCPStore on MASTER_PORT.
+  e[env::kUseAgentStore] = "False";
+  e[env::kErrorFile] = error_file;
+  e.try_emplace(env::kTorchNcclAsyncErrorHandling, "1");
+  e.try_emplace(env::kNcclAsyncErrorHandling, "1");
+  if (options.local_world_size > 1) e.try_emplace(env::kOmpNumThreads, "1");
+  e[env::kStoreEndpoint] = store.endpoint;
+  e[env::kStoreJob] = a.job_id();
+  e[env::kStoreRound] = absl::StrCat(a.round());
+  if (!store.token.empty()) e[env::kStoreToken] = store.token;
+  return e;
+}
+
+}  // namespace ctrun

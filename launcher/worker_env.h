@@ -1,0 +1,31 @@
+// The environment of one worker: torchrun's variables (DESIGN.md, "Worker
+// environment") on top of the agent's own, plus ctrun's store variables.
+#ifndef CTRUN_LAUNCHER_WORKER_ENV_H_
+#define CTRUN_LAUNCHER_WORKER_ENV_H_
+
+#include <string>
+
+#include "ctrun/v1/rendezvous.pb.h"
+#include "launcher/command_line.h"
+#include "launcher/launch_options.h"
+
+namespace ctrun {
+
+// How workers reach the job's store (worker_lib).
+struct StoreAccess {
+  std::string endpoint;
+  std::string token;
+};
+
+// The full environment of the worker at `local_rank` in `assignment`.
+// `agent_env` is inherited; OMP_NUM_THREADS=1 is added when several workers
+// share the node and it is unset; the NCCL error-handling switches are set
+// to 1 unless set.
+EnvMap WorkerEnvironment(const LaunchOptions& options,
+                         const v1::Assignment& assignment, int local_rank,
+                         const EnvMap& agent_env, const StoreAccess& store,
+                         const std::string& error_file);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_WORKER_ENV_H_

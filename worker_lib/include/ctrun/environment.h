@@ -1,0 +1,50 @@
+// The names of every environment variable ctrun reads or sets.
+//
+// The worker environment is torchrun's (same names, same meanings), plus a
+// few CTRUN_* variables through which the launcher hands worker_lib the
+// job's store. This header is the one place those names are spelled.
+#ifndef CTRUN_ENVIRONMENT_H_
+#define CTRUN_ENVIRONMENT_H_
+
+namespace ctrun::env {
+
+// Set for every worker, as torchrun sets them.
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kLocalRank[] = "LOCAL_RANK";
+inline constexpr char kGroupRank[] = "GROUP_RANK";
+inline constexpr char kRoleRank[] = "ROLE_RANK";
+inline constexpr char kRoleName[] = "ROLE_NAME";
+inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
+// Set to 1 unless already set: torch >= 2.2 reads the first, 1.13 the second.
+inline constexpr char kTorchNcclAsyncErrorHandling[] =
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr char kNcclAsyncErrorHandling[] = "NCCL_ASYNC_ERROR_HANDLING";
+// Set to 1 when several workers share the node and it is unset.
+inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
+
+// ctrun's own, for worker_lib.
+inline constexpr char kStoreEndpoint[] = "CTRUN_STORE_ENDPOINT";
+inline constexpr char kStoreJob[] = "CTRUN_STORE_JOB";
+inline constexpr char kStoreRound[] = "CTRUN_STORE_ROUND";
+inline constexpr char kStoreToken[] = "CTRUN_STORE_TOKEN";
+
+// Read by the launcher.
+inline constexpr char kPetPrefix[] = "PET_";  // PET_<FLAG>: flag overrides
+inline constexpr char kPythonExec[] = "PYTHON_EXEC";
+inline constexpr char kLogLinePrefixTemplate[] =
+    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
+
+}  // namespace ctrun::env
+
+#endif  // CTRUN_ENVIRONMENT_H_
