@@ -90,7 +90,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     return Fail(std::string(connection.status().message()), 1);
 
   // Per-attempt logs and error files: under --log_dir/RUN_ID, or in a
-  // temporary directory removed at the end.
+  // temporary directory removed when the job succeeds.
   std::string run_dir;
   bool temporary = false;
   if (!options.log_dir.empty()) {
@@ -128,7 +128,8 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     code = agent.Run();
   }
   (*server)->Shutdown();
-  if (temporary) {
+  // A failed job keeps its error files: the summary points at them.
+  if (temporary && code == 0) {
     std::error_code ec;
     std::filesystem::remove_all(run_dir, ec);
   }

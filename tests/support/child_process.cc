@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +19,19 @@
 
 namespace ctrun::testing {
 
-ChildProcess::ChildProcess(std::vector<std::string> argv) {
+ChildProcess::ChildProcess(std::vector<std::string> argv,
+                           std::vector<std::string> env) {
+  // Built before fork: the child only execs.
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool overridden = false;
+    for (const auto& o : env) overridden |= o.rfind(name + "=", 0) == 0;
+    if (!overridden) env.push_back(entry);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   char path[] = "/tmp/ctrun-test-stderr-XXXXXX";
   const int err_fd = mkstemp(path);
   stderr_path_ = path;
@@ -35,7 +49,7 @@ ChildProcess::ChildProcess(std::vector<std::string> argv) {
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     std::perror("execv");
     _exit(127);
   }
@@ -78,6 +92,13 @@ std::optional<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
     if (n <= 0) return std::nullopt;
     buffer_.append(chunk, static_cast<size_t>(n));
   }
+}
+
+std::string ChildProcess::ReadAll(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string out;
+  while (auto line = ReadLine(deadline - absl::Now())) out += *line + "\n";
+  return out;
 }
 
 std::optional<std::string> ChildProcess::WaitForLine(const std::string& needle,

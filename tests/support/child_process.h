@@ -20,8 +20,10 @@ namespace ctrun::testing {
 
 class ChildProcess {
  public:
-  // Starts `argv` (argv[0] is a path). Aborts the test binary if fork fails.
-  explicit ChildProcess(std::vector<std::string> argv);
+  // Starts `argv` (argv[0] is a path) with this process's environment plus
+  // `env` ("NAME=VALUE", overriding). Aborts the test binary if fork fails.
+  explicit ChildProcess(std::vector<std::string> argv,
+                        std::vector<std::string> env = {});
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -38,6 +40,8 @@ class ChildProcess {
   // Waits for the exit; returns the exit code (128 + signal if killed), or
   // nullopt after `timeout`.
   std::optional<int> Wait(absl::Duration timeout);
+  // Reads all of stdout until EOF or `timeout`.
+  std::string ReadAll(absl::Duration timeout);
 
   // Everything the child wrote to stderr so far.
   std::string Stderr() const;

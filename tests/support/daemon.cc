@@ -5,7 +5,9 @@
 namespace ctrun::testing {
 
 std::string CtrundPath() { return CTRUN_CTRUND_PATH; }
+std::string CtrunPath() { return CTRUN_CTRUN_PATH; }
 std::string TestAgentPath() { return CTRUN_TEST_AGENT_PATH; }
+std::string SourceDir() { return CTRUN_SOURCE_DIR; }
 
 Daemon::Daemon(std::vector<std::string> extra_args) {
   std::vector<std::string> argv = {CtrundPath(), "--listen", "127.0.0.1:0"};

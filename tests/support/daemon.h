@@ -11,9 +11,11 @@
 
 namespace ctrun::testing {
 
-// Paths of the binaries under test, set by CMake.
+// Paths of the binaries under test and of the source tree, set by CMake.
 std::string CtrundPath();
+std::string CtrunPath();
 std::string TestAgentPath();
+std::string SourceDir();
 
 class Daemon {
  public:

@@ -1,0 +1,142 @@
+// ctrun with Debian's python3-torch (CPU, Gloo): real DDP training, a worker
+// failing under @record, and the worker environment side by side with
+// torchrun's.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+
+extern char** environ;
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(180);
+const std::string kPython = "PYTHON_EXEC=/usr/bin/python3";
+
+std::string Example(const std::string& name) {
+  return SourceDir() + "/examples/" + name;
+}
+
+TEST_CASE("A 4-worker PyTorch DDP training with Gloo runs under ctrun",
+          "[ctrun][e2e]") {
+  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=4",
+                  Example("ddp_train.py"), "--steps", "60"},
+                 {kPython});
+  const std::string out = p.ReadAll(kWait);
+  INFO(out << p.Stderr());
+  REQUIRE(p.Wait(kWait) == 0);
+  std::regex final_line(
+      "final step=60 loss=([0-9.]+) params_sha256=([0-9a-f]{64}) rank=([0-3]) "
+      "world=4 restart=0");
+  std::set<std::string> digests, ranks;
+  for (std::sregex_iterator it(out.begin(), out.end(), final_line), end;
+       it != end; ++it) {
+    CHECK(std::stod((*it)[1]) < 0.01);  // the loss fell
+    digests.insert((*it)[2]);
+    ranks.insert((*it)[3]);
+  }
+  CHECK(ranks.size() == 4);
+  CHECK(digests.size() == 1);  // every rank holds the same parameters
+  CHECK(out.find("step 1 loss") != std::string::npos);
+}
+
+TEST_CASE(
+    "A worker raising under record produces the summary with its "
+    "traceback",
+    "[ctrun][e2e]") {
+  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                  Example("ddp_train.py"), "--steps", "60", "--fail_rank", "1"},
+                 {kPython});
+  p.ReadAll(kWait);
+  CHECK(p.Wait(kWait) == 1);
+  const std::string err = p.Stderr();
+  const size_t root = err.find("Root Cause (first observed failure)");
+  REQUIRE(root != std::string::npos);
+  CHECK(err.find("rank       : 1 (local_rank: 1)", root) != std::string::npos);
+  CHECK(err.find("exitcode   : 1", root) != std::string::npos);
+  CHECK(err.find("message    : RuntimeError: rank 1 fails on purpose", root) !=
+        std::string::npos);
+  CHECK(err.find("Traceback (most recent call last)", root) !=
+        std::string::npos);
+  CHECK(err.find("error.json", root) != std::string::npos);
+}
+
+// The worker environments a launcher gives env_dump.py, by RANK.
+std::map<std::string, std::map<std::string, std::string>> DumpEnvs(
+    std::vector<std::string> launcher) {
+  std::vector<std::string> keys;
+  for (char** e = environ; *e != nullptr; ++e) {
+    keys.push_back(std::string(*e).substr(0, std::string(*e).find('=')));
+  }
+  keys.push_back("PYTHON_EXEC");
+  launcher.push_back(SourceDir() + "/tests/e2e/env_dump.py");
+  ChildProcess p(launcher,
+                 {kPython, "BASE_ENV_KEYS=" + absl::StrJoin(keys, ",")});
+  const std::string out = p.ReadAll(kWait);
+  INFO(out << p.Stderr());
+  REQUIRE(p.Wait(kWait) == 0);
+  std::map<std::string, std::map<std::string, std::string>> by_rank;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    const size_t brace = line.find('{');
+    if (brace == absl::string_view::npos) continue;
+    google::protobuf::Struct s;
+    REQUIRE(google::protobuf::util::JsonStringToMessage(
+                std::string(line.substr(brace)), &s)
+                .ok());
+    std::map<std::string, std::string> env;
+    for (const auto& [k, v] : s.fields()) env[k] = v.string_value();
+    by_rank[env["RANK"]] = env;
+  }
+  return by_rank;
+}
+
+TEST_CASE("Workers see the same variables under ctrun and torchrun",
+          "[ctrun][e2e]") {
+  auto torchrun = DumpEnvs(
+      {"/usr/bin/python3", SourceDir() + "/scripts/torchrun-compat.py",
+       "--standalone", "--nproc_per_node=2", "--monitor_interval=0.1"});
+  auto ctrun = DumpEnvs({CtrunPath(), "--standalone", "--nproc_per_node=2"});
+  REQUIRE(torchrun.size() == 2);
+  REQUIRE(ctrun.size() == 2);
+  // Different by nature: ports, run ids, paths of per-run files. MASTER_ADDR
+  // differs by design: ctrun names the loopback address it listens on
+  // (127.0.0.1), torchrun the name "localhost".
+  const std::set<std::string> by_nature = {"MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                                           "TORCHELASTIC_ERROR_FILE",
+                                           "MASTER_ADDR"};
+  // ctrun's additions: its store for worker_lib, and the error-handling
+  // switch under the name torch >= 2.2 reads.
+  auto ours = [](const std::string& k) {
+    return k.rfind("CTRUN_", 0) == 0 || k == "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+  };
+  for (const auto& rank : {"0", "1"}) {
+    INFO("RANK " << rank);
+    const auto& t = torchrun.at(rank);
+    const auto& c = ctrun.at(rank);
+    for (const auto& [k, v] : t) {
+      if (k == "_") continue;  // the shell's, names the launcher binary
+      INFO(k);
+      REQUIRE(c.contains(k));
+      if (!by_nature.contains(k)) CHECK(c.at(k) == v);
+    }
+    for (const auto& [k, v] : c) {
+      INFO(k);
+      if (k != "_" && !ours(k)) CHECK(t.contains(k));
+    }
+    CHECK(c.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(t.at("MASTER_ADDR") == "localhost");
+  }
+}
+
+}  // namespace
+}  // namespace ctrun::testing

@@ -1,0 +1,339 @@
+// The real ctrun binary with real worker processes (/bin/sh scripts) and
+// real signals.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+// ctrun FLAGS... /bin/sh -c SCRIPT, with the prefix template fixed so that
+// lines are easy to parse: "R<rank>| ".
+std::unique_ptr<ChildProcess> Ctrun(std::vector<std::string> flags,
+                                    const std::string& script,
+                                    std::vector<std::string> env = {}) {
+  std::vector<std::string> argv = {CtrunPath(),
+                                   "--log_line_prefix_template=R${rank}| "};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"/bin/sh", "-c", script});
+  return std::make_unique<ChildProcess>(argv, env);
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+// Whether a process is gone (or a zombie nobody has reaped yet).
+bool Gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && text.size() > paren + 2 &&
+         text[paren + 2] == 'Z';
+}
+
+bool AllGoneWithin(const std::vector<pid_t>& pids, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (std::all_of(pids.begin(), pids.end(), Gone)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+std::vector<pid_t> PidsIn(const std::string& text, const std::string& tag) {
+  std::vector<pid_t> pids;
+  std::regex re(tag + "=([0-9]+)");
+  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end;
+       ++it) {
+    pids.push_back(std::stoi((*it)[1]));
+  }
+  return pids;
+}
+
+TEST_CASE("ctrun starts one worker per local rank with torchrun's variables",
+          "[ctrun][integration]") {
+  auto c =
+      Ctrun({"--nproc_per_node=4", "--rdzv_id=job-a"},
+            "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE "
+            "lws=$LOCAL_WORLD_SIZE group=$GROUP_RANK gws=$GROUP_WORLD_SIZE "
+            "addr=$MASTER_ADDR port=$MASTER_PORT run=$TORCHELASTIC_RUN_ID "
+            "restart=$TORCHELASTIC_RESTART_COUNT "
+            "store=$CTRUN_STORE_ENDPOINT omp=$OMP_NUM_THREADS\"");
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  const auto lines = Lines(out);
+  REQUIRE(lines.size() == 4);
+  std::set<std::string> ports, ranks;
+  for (const auto& line : lines) {
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        line, m,
+        std::regex("^R([0-3])\\| rank=([0-3]) local=([0-3]) world=4 lws=4 "
+                   "group=0 gws=1 addr=127.0.0.1 port=([0-9]+) run=job-a "
+                   "restart=0 store=127.0.0.1:[0-9]+ omp=1$")));
+    CHECK(m[1] == m[2]);
+    CHECK(m[2] == m[3]);
+    ranks.insert(m[2]);
+    ports.insert(m[4]);
+  }
+  CHECK(ranks.size() == 4);
+  CHECK(ports.size() == 1);
+}
+
+TEST_CASE("ctrun exits with the failed worker's own exit code",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=3"},
+                 "if [ $RANK = 2 ]; then exit 7; fi; sleep 30");
+  CHECK(c->Wait(kWait) == 7);
+  const std::string err = c->Stderr();
+  CHECK(err.find("Root Cause (first observed failure)") != std::string::npos);
+  CHECK(err.find("rank       : 2 (local_rank: 2)") != std::string::npos);
+  CHECK(err.find("exitcode   : 7") != std::string::npos);
+}
+
+TEST_CASE("A worker killed by a signal makes ctrun exit 128 plus the signal",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2"},
+                 "if [ $RANK = 1 ]; then kill -SEGV $$; fi; sleep 30");
+  CHECK(c->Wait(kWait) == 128 + SIGSEGV);
+  CHECK(c->Stderr().find("SIGSEGV") != std::string::npos);
+}
+
+TEST_CASE("SIGTERM to ctrun reaches every worker and ctrun exits 143",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=3"},
+                 "trap 'echo got-term; exit 0' TERM; echo ready; "
+                 "while true; do sleep 0.05; done");
+  for (int i = 0; i < 3; ++i) REQUIRE(c->WaitForLine("ready", kWait));
+  c->Signal(SIGTERM);
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 128 + SIGTERM);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(out.find(absl::StrCat("R", r, "| got-term")) != std::string::npos);
+  }
+}
+
+TEST_CASE("Workers that ignore SIGTERM are killed after the shutdown timeout",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2", "--shutdown_timeout=0.5"},
+                 "trap '' TERM; echo pid=$$; while true; do sleep 0.05; done");
+  std::string seen;
+  for (int i = 0; i < 2; ++i) {
+    auto line = c->WaitForLine("pid=", kWait);
+    REQUIRE(line);
+    seen += *line;
+  }
+  c->Signal(SIGTERM);
+  CHECK(c->Wait(kWait) == 128 + SIGTERM);
+  CHECK(c->Stderr().find("sending SIGKILL") != std::string::npos);
+  CHECK(AllGoneWithin(PidsIn(seen, "pid"), absl::Seconds(5)));
+}
+
+TEST_CASE("kill -9 of ctrun leaves no worker or grandchild running",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2"},
+                 "sleep 300 & echo child=$! worker=$$; wait");
+  std::string seen;
+  for (int i = 0; i < 2; ++i) {
+    auto line = c->WaitForLine("child=", kWait);
+    REQUIRE(line);
+    seen += *line + "\n";
+  }
+  auto workers = PidsIn(seen, "worker");
+  auto children = PidsIn(seen, "child");
+  REQUIRE(workers.size() == 2);
+  REQUIRE(children.size() == 2);
+  c->Signal(SIGKILL);
+  CHECK(c->Wait(kWait) == 128 + SIGKILL);
+  CHECK(AllGoneWithin(workers, absl::Seconds(5)));
+  CHECK(AllGoneWithin(children, absl::Seconds(5)));
+}
+
+TEST_CASE("Grandchildren that leave their worker's group end with the job",
+          "[ctrun][integration]") {
+  // setsid puts the grandchild beyond its worker's process group; when the
+  // worker exits it is orphaned to ctrun, a child subreaper.
+  auto c = Ctrun({"--nproc_per_node=1"},
+                 "setsid sleep 300 & echo escaped=$!; sleep 0.2");
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 0);
+  auto escaped = PidsIn(out, "escaped");
+  REQUIRE(escaped.size() == 1);
+  CHECK(AllGoneWithin(escaped, absl::Seconds(5)));
+}
+
+TEST_CASE("max_restarts restarts all workers with the restart count raised",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2", "--max_restarts=3"},
+                 "echo restart=$TORCHELASTIC_RESTART_COUNT "
+                 "max=$TORCHELASTIC_MAX_RESTARTS; "
+                 "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; "
+                 "then exit 1; fi; sleep 0.2");
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 0);
+  CHECK(out.find("R1| restart=0 max=3") != std::string::npos);
+  CHECK(out.find("R1| restart=1 max=3") != std::string::npos);
+  CHECK(out.find("R0| restart=2 max=3") != std::string::npos);
+  CHECK(out.find("R1| restart=2 max=3") != std::string::npos);
+  CHECK(out.find("restart=3") == std::string::npos);
+  CHECK(c->Stderr().find("restarting the workers") != std::string::npos);
+}
+
+TEST_CASE("When the restart budget is spent the job fails",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2", "--max_restarts=1"},
+                 "echo restart=$TORCHELASTIC_RESTART_COUNT; "
+                 "if [ $RANK = 0 ]; then exit 4; fi; sleep 30");
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 4);
+  CHECK(out.find("restart=1") != std::string::npos);
+  CHECK(out.find("restart=2") == std::string::npos);
+}
+
+TEST_CASE("SIGUSR1 is forwarded to the workers, which keep running",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2"},
+                 "trap 'echo got-usr1; exit 0' USR1; echo ready; "
+                 "while true; do sleep 0.05; done");
+  for (int i = 0; i < 2; ++i) REQUIRE(c->WaitForLine("ready", kWait));
+  c->Signal(SIGUSR1);
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 0);  // the workers chose to exit 0
+  CHECK(out.find("R0| got-usr1") != std::string::npos);
+  CHECK(out.find("R1| got-usr1") != std::string::npos);
+}
+
+TEST_CASE("Bad command lines exit 2 with one line and start nothing",
+          "[ctrun][integration]") {
+  const std::string marker = std::filesystem::temp_directory_path() /
+                             ("ctrun-never-" + std::to_string(getpid()));
+  for (const auto& flags : std::vector<std::vector<std::string>>{
+           {"--nnodes=3:2"},
+           {"--nproc_per_node=-1"},
+           {"--rdzv_conf=k"},
+           {"--bogus"},
+       }) {
+    std::vector<std::string> argv = {CtrunPath()};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"/bin/sh", "-c", "touch " + marker});
+    ChildProcess p(argv);
+    INFO(flags[0]);
+    CHECK(p.Wait(kWait) == 2);
+    const std::string err = p.Stderr();
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+    CHECK(err.find(flags[0].substr(0, flags[0].find('='))) !=
+          std::string::npos);
+  }
+  const std::string not_executable = marker + ".txt";
+  std::ofstream(not_executable) << "data\n";
+  std::filesystem::permissions(
+      not_executable,
+      std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {CtrunPath(), "--nproc_per_node=2"},
+           {CtrunPath(), "no-such-program-anywhere"},
+           {CtrunPath(), not_executable},
+           {CtrunPath(), "/nonexistent/train.py"},
+       }) {
+    ChildProcess p(argv);
+    INFO(argv.back());
+    CHECK(p.Wait(kWait) == 2);
+    const std::string err = p.Stderr();
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+    CHECK(err.rfind("ctrun: ", 0) == 0);
+  }
+  std::filesystem::remove(not_executable);
+  CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE("dry_run prints the plan with sources and starts nothing",
+          "[ctrun][integration]") {
+  const std::string marker = std::filesystem::temp_directory_path() /
+                             ("ctrun-dry-" + std::to_string(getpid()));
+  ChildProcess p({CtrunPath(), "--dry_run", "--nproc_per_node=3", "/bin/sh",
+                  "-c", "touch " + marker},
+                 {"PET_MAX_RESTARTS=2"});
+  const std::string out = p.ReadAll(kWait);
+  CHECK(p.Wait(kWait) == 0);
+  CHECK(out.find("nothing started") != std::string::npos);
+  CHECK(std::regex_search(out, std::regex("nproc_per_node +3 +flag")));
+  CHECK(std::regex_search(out, std::regex("max_restarts +2 +PET_\\* env")));
+  CHECK(std::regex_search(out, std::regex("role +default +default")));
+  CHECK(out.find("workers: 3 x /bin/sh -c touch") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE("tee and redirects keep per-rank logs and the filter picks ranks",
+          "[ctrun][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-logs-" + std::to_string(getpid()));
+  auto c = Ctrun({"--nproc_per_node=2", "--rdzv_id=logged", "--log_dir", dir,
+                  "--tee=1", "--redirects=0:2", "--local_ranks_filter=1"},
+                 "echo out-$RANK; echo err-$RANK >&2");
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  const std::string base = dir + "/logged/attempt_0/";
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  CHECK(slurp(base + "0/stdout.log") == "out-0\n");
+  CHECK(slurp(base + "0/stderr.log") == "err-0\n");
+  CHECK(slurp(base + "1/stdout.log") == "out-1\n");
+  CHECK_FALSE(std::filesystem::exists(base + "1/stderr.log"));
+  // Only local rank 1 reaches the console.
+  CHECK(out == "R1| out-1\n");
+  CHECK(c->Stderr().find("R1| err-1") != std::string::npos);
+  CHECK(c->Stderr().find("err-0") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Lines from different workers never interleave mid-line",
+          "[ctrun][integration]") {
+  // Each worker writes 2000 lines of 200 bytes in chunks that split lines.
+  auto c = Ctrun({"--nproc_per_node=4"},
+                 "line=$(printf 'x%.0s' $(seq 200)); i=0; "
+                 "while [ $i -lt 2000 ]; do printf '%s' \"$RANK:$line\"; "
+                 "printf '\\n'; i=$((i+1)); done");
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  const auto lines = Lines(out);
+  CHECK(lines.size() == 8000);
+  const std::string body(200, 'x');
+  for (const auto& line : lines) {
+    const std::string rank = line.substr(1, line.find('|') - 1);
+    if (line != absl::StrCat("R", rank, "| ", rank, ":", body)) {
+      FAIL("mixed line: " << line.substr(0, 80));
+    }
+  }
+}
+
+TEST_CASE("help and version exit 0", "[ctrun][integration]") {
+  ChildProcess help({CtrunPath(), "--help"});
+  CHECK(help.ReadAll(kWait).find("usage: ctrun") == 0);
+  CHECK(help.Wait(kWait) == 0);
+  ChildProcess version({CtrunPath(), "--version"});
+  CHECK(version.ReadAll(kWait).rfind("ctrun ", 0) == 0);
+  CHECK(version.Wait(kWait) == 0);
+}
+
+}  // namespace
+}  // namespace ctrun::testing

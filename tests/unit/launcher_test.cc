@@ -1,0 +1,433 @@
+// The launcher's pure parts: command line, worker environment, output lines,
+// failure reports, entrypoint resolution, host facts.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "ctrun/environment.h"
+#include "launcher/command_line.h"
+#include "launcher/failure_report.h"
+#include "launcher/host_facts.h"
+#include "launcher/worker_command.h"
+#include "launcher/worker_env.h"
+#include "launcher/worker_output.h"
+
+namespace ctrun {
+namespace {
+
+const HostFacts kHost{8, 2, "test"};
+
+absl::StatusOr<CommandLine> Parse(std::vector<std::string> args,
+                                  EnvMap env = {}, HostFacts host = kHost) {
+  return ParseCommandLine(args, env, host);
+}
+
+const LaunchOptions::Setting* Find(const LaunchOptions& o,
+                                   const std::string& name) {
+  for (const auto& s : o.settings) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+TEST_CASE("Flags parse in both spellings and with = or a space",
+          "[launcher][unit]") {
+  auto a = Parse({"--nproc_per_node=4", "--max-restarts", "3", "--nnodes", "1",
+                  "--role=trainer", "train"});
+  REQUIRE(a.ok());
+  CHECK(a->options.local_world_size == 4);
+  CHECK(a->options.max_restarts == 3);
+  CHECK(a->options.role == "trainer");
+  CHECK(a->options.entrypoint == "train");
+  auto b = Parse({"--nproc-per-node", "4", "--max_restarts=3", "train"});
+  REQUIRE(b.ok());
+  CHECK(b->options.local_world_size == 4);
+  CHECK(b->options.max_restarts == 3);
+}
+
+TEST_CASE("Arguments after the entrypoint go to the script untouched",
+          "[launcher][unit]") {
+  auto c = Parse({"--nproc_per_node=2", "train.py", "--nproc_per_node=7", "-m",
+                  "--", "x"});
+  REQUIRE(c.ok());
+  CHECK(c->options.local_world_size == 2);
+  CHECK_FALSE(c->options.module);
+  CHECK(c->options.entrypoint == "train.py");
+  CHECK(c->options.script_args ==
+        std::vector<std::string>{"--nproc_per_node=7", "-m", "--", "x"});
+}
+
+TEST_CASE("PET_ variables override defaults and flags override them",
+          "[launcher][unit]") {
+  EnvMap env = {{"PET_NPROC_PER_NODE", "3"}, {"PET_MAX_RESTARTS", "2"}};
+  auto c = Parse({"--max_restarts=5", "train"}, env);
+  REQUIRE(c.ok());
+  CHECK(c->options.local_world_size == 3);
+  CHECK(c->options.max_restarts == 5);
+  CHECK(Find(c->options, "nproc_per_node")->source == Source::kEnv);
+  CHECK(Find(c->options, "max_restarts")->source == Source::kFlag);
+  CHECK(Find(c->options, "role")->source == Source::kDefault);
+}
+
+TEST_CASE("A bad PET_ value is named as the variable", "[launcher][unit]") {
+  auto c = Parse({"train"}, {{"PET_NNODES", "x"}});
+  REQUIRE(absl::IsInvalidArgument(c.status()));
+  CHECK(c.status().message().find("PET_NNODES=x") == 0);
+}
+
+TEST_CASE(
+    "Bad values are one-line errors naming the flag and the accepted "
+    "values",
+    "[launcher][unit]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string starts_with;
+    std::string mentions;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--nnodes=3:2", "t"}, "--nnodes=3:2", "MIN <= MAX"},
+           {{"--nnodes=0", "t"}, "--nnodes=0", "1 <= MIN"},
+           {{"--nproc_per_node=-1", "t"}, "--nproc_per_node=-1", "gpu, cpu"},
+           {{"--nproc_per_node=many", "t"}, "--nproc_per_node=many", "auto"},
+           {{"--rdzv_conf=k", "t"}, "--rdzv_conf=k", "KEY=VALUE"},
+           {{"--rdzv_conf=colour=red", "t"},
+            "--rdzv_conf=colour=red",
+            "known keys"},
+           {{"--rdzv_conf=join_timeout=soon", "t"}, "--rdzv_conf", "seconds"},
+           {{"--max_restarts=-1", "t"}, "--max_restarts=-1", "integer"},
+           {{"--master_port=70000", "t"}, "--master_port=70000", "1..65535"},
+           {{"--rdzv_backend=etcd", "t"}, "--rdzv_backend=etcd", "c10d"},
+           {{"--rdzv_endpoint=a:b:c", "t"}, "--rdzv_endpoint", "HOST:PORT"},
+           {{"--start_method=thread", "t"}, "--start_method", "spawn"},
+           {{"-r", "5", "t"}, "--redirects=5", "0-3"},
+           {{"--tee=0:9", "t"}, "--tee=0:9", "0-3"},
+           {{"--local_ranks_filter=4", "--nproc_per_node=2", "t"},
+            "--local_ranks_filter=4",
+            "0..1"},
+           {{"--signals_to_handle=SIGNOPE", "t"},
+            "--signals_to_handle",
+            "SIGNOPE"},
+           {{"--shutdown_timeout=-3", "t"}, "--shutdown_timeout=-3", "seconds"},
+           {{"--frobnicate", "t"}, "unknown flag '--frobnicate'", "--help"},
+           {{"-x", "t"}, "unknown flag '-x'", "--help"},
+           {{"--standalone=1", "t"}, "--standalone takes no value", ""},
+           {{"--nproc_per_node"}, "--nproc_per_node needs a value", ""},
+           {{"--nproc_per_node=2"}, "missing the program to run", "ENTRYPOINT"},
+           {{"-m", "--no_python", "t"}, "-m/--module and --no_python", ""},
+           {{"--standalone", "--nnodes=2", "t"},
+            "--standalone runs one node",
+            "--rdzv_endpoint"},
+       }) {
+    INFO(c.args[0]);
+    auto r = Parse(c.args);
+    REQUIRE(absl::IsInvalidArgument(r.status()));
+    const std::string m(r.status().message());
+    CHECK(m.rfind(c.starts_with, 0) == 0);
+    CHECK(m.find(c.mentions) != std::string::npos);
+    CHECK(m.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("nproc_per_node gpu cpu and auto follow the host",
+          "[launcher][unit]") {
+  CHECK(Parse({"--nproc_per_node=gpu", "t"})->options.local_world_size == 2);
+  CHECK(Parse({"--nproc_per_node=cpu", "t"})->options.local_world_size == 8);
+  CHECK(Parse({"--nproc_per_node=auto", "t"})->options.local_world_size == 2);
+  const HostFacts no_gpu{4, 0, "CUDA_VISIBLE_DEVICES="};
+  CHECK(Parse({"--nproc_per_node=auto", "t"}, {}, no_gpu)
+            ->options.local_world_size == 4);
+  auto gpu = Parse({"--nproc_per_node=gpu", "t"}, {}, no_gpu);
+  REQUIRE(absl::IsInvalidArgument(gpu.status()));
+  CHECK(gpu.status().message().find("no GPU is visible") != std::string::npos);
+}
+
+TEST_CASE("rdzv_conf sets the rendezvous timeouts", "[launcher][unit]") {
+  auto c =
+      Parse({"--rdzv_conf=join_timeout=12,heartbeat_timeout=3,"
+             "keep_alive_interval=0.5",
+             "t"});
+  REQUIRE(c.ok());
+  CHECK(c->options.join_timeout == absl::Seconds(12));
+  CHECK(c->options.heartbeat_timeout == absl::Seconds(3));
+  CHECK(c->options.keep_alive_interval == absl::Milliseconds(500));
+  auto slow =
+      Parse({"--rdzv_conf=heartbeat_timeout=1,keep_alive_interval=1", "t"});
+  CHECK(absl::IsInvalidArgument(slow.status()));
+}
+
+TEST_CASE("Flags without use in ctrun are accepted and explained",
+          "[launcher][unit]") {
+  auto c = Parse({"--start_method=fork", "--monitor_interval=5", "t"});
+  REQUIRE(c.ok());
+  REQUIRE(c->options.notices.size() == 2);
+  CHECK(c->options.notices[0].find("--monitor_interval=5 has no effect") !=
+        std::string::npos);
+  CHECK(Find(c->options, "start_method")->note.find("exec") !=
+        std::string::npos);
+  CHECK(Parse({"t"})->options.notices.empty());
+}
+
+TEST_CASE("Redirect and tee specs select streams per local rank",
+          "[launcher][unit]") {
+  auto all = ParseStreamSelection("3");
+  REQUIRE(all.ok());
+  CHECK(all->For(5) == 3);
+  auto mixed = ParseStreamSelection("0:1,1:2");
+  REQUIRE(mixed.ok());
+  CHECK(mixed->For(0) == 1);
+  CHECK(mixed->For(1) == 2);
+  CHECK(mixed->For(2) == 0);
+  CHECK_FALSE(ParseStreamSelection("0:1,x").ok());
+}
+
+TEST_CASE("Help and version are recognised anywhere before the entrypoint",
+          "[launcher][unit]") {
+  CHECK(Parse({"--help"})->action == CommandLine::Action::kHelp);
+  CHECK(Parse({"--nproc_per_node=2", "-h"})->action ==
+        CommandLine::Action::kHelp);
+  CHECK(Parse({"--version"})->action == CommandLine::Action::kVersion);
+  CHECK(Parse({"train", "--help"})->action == CommandLine::Action::kLaunch);
+  const std::string help = HelpText();
+  CHECK(help.find("usage: ctrun") == 0);
+  CHECK(help.find("--nproc_per_node N|gpu|cpu|auto") != std::string::npos);
+  CHECK(help.find("-r, --redirects") != std::string::npos);
+}
+
+TEST_CASE("The run id is generated when none is given", "[launcher][unit]") {
+  auto a = Parse({"t"});
+  auto b = Parse({"t"});
+  CHECK(a->options.run_id.rfind("ctrun-", 0) == 0);
+  CHECK(a->options.run_id != b->options.run_id);
+  CHECK(Find(a->options, "rdzv_id")->source == Source::kDerived);
+  CHECK(Parse({"--rdzv_id=job7", "t"})->options.run_id == "job7");
+}
+
+TEST_CASE("The launch plan names every setting with its source",
+          "[launcher][unit]") {
+  auto c = Parse({"--nproc_per_node=2", "t"}, {{"PET_ROLE", "r"}});
+  const std::string plan = FormatLaunchPlan(c->options, {"/bin/t", "a"});
+  CHECK(plan.find("nproc_per_node") != std::string::npos);
+  CHECK(plan.find("flag") != std::string::npos);
+  CHECK(plan.find("PET_* env") != std::string::npos);
+  CHECK(plan.find("workers: 2 x /bin/t a") != std::string::npos);
+  CHECK(plan.find("a free port") != std::string::npos);
+}
+
+v1::Assignment MakeAssignment() {
+  v1::Assignment a;
+  a.set_round(2);
+  a.set_group_rank(1);
+  a.set_group_world_size(3);
+  a.set_first_global_rank(4);
+  a.set_world_size(12);
+  a.set_master_addr("10.1.1.1");
+  a.set_master_port(31000);
+  a.set_restart_count(1);
+  a.set_max_restarts(3);
+  a.set_job_id("job9");
+  return a;
+}
+
+TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
+  LaunchOptions o;
+  o.local_world_size = 4;
+  o.run_id = "job9";
+  o.role = "trainer";
+  const EnvMap agent = {{"PATH", "/usr/bin"}, {"OMP_NUM_THREADS", "8"}};
+  EnvMap e = WorkerEnvironment(o, MakeAssignment(), 2, agent,
+                               {"127.0.0.1:9", "tok"}, "/logs/error.json");
+  CHECK(e["RANK"] == "6");
+  CHECK(e["LOCAL_RANK"] == "2");
+  CHECK(e["GROUP_RANK"] == "1");
+  CHECK(e["ROLE_RANK"] == "6");
+  CHECK(e["ROLE_NAME"] == "trainer");
+  CHECK(e["LOCAL_WORLD_SIZE"] == "4");
+  CHECK(e["WORLD_SIZE"] == "12");
+  CHECK(e["GROUP_WORLD_SIZE"] == "3");
+  CHECK(e["ROLE_WORLD_SIZE"] == "12");
+  CHECK(e["MASTER_ADDR"] == "10.1.1.1");
+  CHECK(e["MASTER_PORT"] == "31000");
+  CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
+  CHECK(e["TORCHELASTIC_MAX_RESTARTS"] == "3");
+  CHECK(e["TORCHELASTIC_RUN_ID"] == "job9");
+  CHECK(e["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+  CHECK(e["TORCHELASTIC_ERROR_FILE"] == "/logs/error.json");
+  CHECK(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  CHECK(e["OMP_NUM_THREADS"] == "8");  // the user's own stays
+  CHECK(e["PATH"] == "/usr/bin");
+  CHECK(e[env::kStoreEndpoint] == "127.0.0.1:9");
+  CHECK(e[env::kStoreJob] == "job9");
+  CHECK(e[env::kStoreRound] == "2");
+  CHECK(e[env::kStoreToken] == "tok");
+}
+
+TEST_CASE("OMP_NUM_THREADS is 1 only when several workers share the node",
+          "[launcher][unit]") {
+  LaunchOptions o;
+  o.local_world_size = 2;
+  CHECK(WorkerEnvironment(o, MakeAssignment(), 0, {}, {}, "")
+            .at("OMP_NUM_THREADS") == "1");
+  o.local_world_size = 1;
+  CHECK_FALSE(WorkerEnvironment(o, MakeAssignment(), 0, {}, {}, "")
+                  .contains("OMP_NUM_THREADS"));
+}
+
+// Output written by a WorkerOutput into a pipe, read back.
+struct Captured {
+  int fds[2];
+  Captured() { REQUIRE(pipe(fds) == 0); }
+  ~Captured() { close(fds[0]); }
+  std::string Read() {
+    close(fds[1]);
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, n);
+    return out;
+  }
+};
+
+TEST_CASE("Worker output is emitted in whole prefixed lines",
+          "[launcher][unit]") {
+  Captured console;
+  {
+    WorkerOutput out("[h:3]: ", console.fds[1], -1);
+    out.Append("hel");
+    out.Append("lo\nwor");
+    out.Append("ld\n\nlast");
+    out.Finish();
+  }
+  CHECK(console.Read() == "[h:3]: hello\n[h:3]: world\n[h:3]: \n[h:3]: last\n");
+}
+
+TEST_CASE("Worker output goes to its log file without the prefix",
+          "[launcher][unit]") {
+  Captured file;
+  {
+    WorkerOutput out("[p]: ", -1, dup(file.fds[1]));
+    out.Append("a\nb\n");
+  }
+  CHECK(file.Read() == "a\nb\n");
+}
+
+TEST_CASE("Line prefix templates expand known names", "[launcher][unit]") {
+  CHECK(ExpandTemplate("[${host}:${rank}]: ",
+                       {{"host", "n1"}, {"rank", "7"}}) == "[n1:7]: ");
+  CHECK(ExpandTemplate("${role_name}${local_rank}|${nope}|${",
+                       {{"role_name", "default"}, {"local_rank", "0"}}) ==
+        "default0|${nope}|${");
+}
+
+std::string TempFile(const std::string& content) {
+  char path[] = "/tmp/ctrun-unit-XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(write(fd, content.data(), content.size()) ==
+          static_cast<ssize_t>(content.size()));
+  close(fd);
+  return path;
+}
+
+TEST_CASE("Error files in torch's record format are read", "[launcher][unit]") {
+  const std::string path = TempFile(
+      R"({"message": {"message": "ValueError: bad", "extraInfo": )"
+      R"({"py_callstack": "Traceback (most recent call last):\n  x\n", )"
+      R"("timestamp": "1700000000"}}})");
+  auto c = ReadErrorFile(path);
+  REQUIRE(c.ok());
+  CHECK(c->message == "ValueError: bad");
+  CHECK(c->traceback == "Traceback (most recent call last):\n  x");
+  unlink(path.c_str());
+  CHECK(absl::IsNotFound(ReadErrorFile("/nonexistent/error.json").status()));
+  const std::string junk = TempFile("not json");
+  CHECK(absl::IsInvalidArgument(ReadErrorFile(junk).status()));
+  unlink(junk.c_str());
+}
+
+TEST_CASE("The failure summary shows the root cause first with its signal",
+          "[launcher][unit]") {
+  WorkerFailureRecord root{absl::Now(), "node-a", 3,    1,
+                           0,           SIGSEGV,  4242, "/nonexistent"};
+  WorkerFailureRecord later{absl::Now(), "node-a", 0,    0,
+                            1,           0,        4240, "/nonexistent"};
+  CHECK(root.ExitCode() == 128 + SIGSEGV);
+  CHECK(later.ExitCode() == 1);
+  const std::string s = FormatFailureSummary("train.py", {root, later});
+  CHECK(s.find("train.py FAILED") != std::string::npos);
+  const size_t root_at = s.find("Root Cause");
+  REQUIRE(root_at != std::string::npos);
+  CHECK(s.find("rank       : 3 (local_rank: 1)", root_at) != std::string::npos);
+  CHECK(s.find("SIGSEGV", root_at) != std::string::npos);
+  CHECK(s.find("pid: 4242") != std::string::npos);
+  CHECK(s.find("rank       : 0 (local_rank: 0)") < root_at);
+}
+
+TEST_CASE("Entrypoints resolve like torchrun's", "[launcher][unit]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-cmd-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string script = dir + "/train.py";
+  std::ofstream(script) << "print(1)\n";
+  const std::string program = dir + "/run.sh";
+  std::ofstream(program) << "#!/bin/sh\n";
+  chmod(program.c_str(), 0755);
+  const std::string plain = dir + "/data.txt";
+  std::ofstream(plain) << "x\n";
+  const EnvMap env = {{"PATH", dir + ":/usr/bin:/bin"},
+                      {"PYTHON_EXEC", "/bin/sh"}};  // stands in for python
+
+  LaunchOptions o;
+  o.entrypoint = script;
+  o.script_args = {"--lr", "1"};
+  CHECK(*ResolveWorkerCommand(o, env) ==
+        std::vector<std::string>{"/bin/sh", "-u", script, "--lr", "1"});
+  o.module = true;
+  o.entrypoint = "pkg.train";
+  CHECK(*ResolveWorkerCommand(o, env) ==
+        std::vector<std::string>{"/bin/sh", "-u", "-m", "pkg.train", "--lr",
+                                 "1"});
+  o.module = false;
+  o.entrypoint = "run.sh";  // found in PATH
+  CHECK((*ResolveWorkerCommand(o, env))[0] == program);
+  o.no_python = true;
+  o.entrypoint = program;
+  CHECK((*ResolveWorkerCommand(o, env))[0] == program);
+
+  o.no_python = false;
+  o.entrypoint = dir + "/missing.py";
+  auto missing = ResolveWorkerCommand(o, env);
+  CHECK(missing.status().message().find("not found") != std::string::npos);
+  o.entrypoint = "no-such-program";
+  auto not_in_path = ResolveWorkerCommand(o, env);
+  CHECK(not_in_path.status().message().find("not found in PATH") !=
+        std::string::npos);
+  o.entrypoint = plain;
+  auto not_exec = ResolveWorkerCommand(o, env);
+  CHECK(not_exec.status().message().find("not an executable") !=
+        std::string::npos);
+  o.entrypoint = script;
+  auto no_python = ResolveWorkerCommand(o, {{"PATH", "/nonexistent"}});
+  CHECK(no_python.status().message().find("python3") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("GPUs are counted from CUDA_VISIBLE_DEVICES or the driver",
+          "[launcher][unit]") {
+  CHECK(DetectHostFacts({{"CUDA_VISIBLE_DEVICES", "0,1,3"}}).gpu_count == 3);
+  CHECK(DetectHostFacts({{"CUDA_VISIBLE_DEVICES", ""}}).gpu_count == 0);
+  CHECK(DetectHostFacts({{"CUDA_VISIBLE_DEVICES", "-1"}}).gpu_count == 0);
+  CHECK(DetectHostFacts({{"CUDA_VISIBLE_DEVICES", "0,-1,2"}}).gpu_count == 1);
+  const std::string root = std::filesystem::temp_directory_path() /
+                           ("ctrun-gpus-" + std::to_string(getpid()));
+  std::filesystem::create_directories(root + "/proc/driver/nvidia/gpus/a");
+  std::filesystem::create_directories(root + "/proc/driver/nvidia/gpus/b");
+  CHECK(DetectHostFacts({}, root).gpu_count == 2);
+  std::filesystem::remove_all(root);
+  CHECK(DetectHostFacts({}).cpu_count >= 1);
+}
+
+}  // namespace
+}  // namespace ctrun
