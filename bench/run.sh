@@ -19,6 +19,10 @@ if [ "${1:-}" = "--quick" ]; then agents=(64 1024); seconds=1; fi
 
 mkdir -p bench/results
 out=bench/results/$(date +%Y%m%d-%H%M%S).jsonl
+runs=5
+[ "${1:-}" = "--quick" ] && runs=3
+"$python" bench/launcher_bench.py --ctrun "$BUILD_DIR/launcher/ctrun" \
+  --runs "$runs" | tee "$out.launch"
 tag() { sed "s/^{/{\"impl\":\"$1\",/"; }
 {
   for n in "${agents[@]}"; do

@@ -27,7 +27,7 @@ TRUE_BIAS = 0.25
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--fail_rank", type=int, default=-1,
                         help="raise an error on this rank at step 10")
     args = parser.parse_args()

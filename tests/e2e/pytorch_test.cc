@@ -30,13 +30,13 @@ std::string Example(const std::string& name) {
 TEST_CASE("A 4-worker PyTorch DDP training with Gloo runs under ctrun",
           "[ctrun][e2e]") {
   ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=4",
-                  Example("ddp_train.py"), "--steps", "60"},
+                  Example("ddp_train.py"), "--steps", "150"},
                  {kPython});
   const std::string out = p.ReadAll(kWait);
   INFO(out << p.Stderr());
   REQUIRE(p.Wait(kWait) == 0);
   std::regex final_line(
-      "final step=60 loss=([0-9.]+) params_sha256=([0-9a-f]{64}) rank=([0-3]) "
+      "final step=150 loss=([0-9.]+) params_sha256=([0-9a-f]{64}) rank=([0-3]) "
       "world=4 restart=0");
   std::set<std::string> digests, ranks;
   for (std::sregex_iterator it(out.begin(), out.end(), final_line), end;
