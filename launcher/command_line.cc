@@ -336,6 +336,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   }
 
   LaunchOptions& o = result.options;
+  const std::string& host_facts_hostname = host.hostname;
   auto spec = [](const char* name) -> const FlagSpec& {
     return *FindFlag(name);
   };
@@ -573,6 +574,20 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     }
     o.rdzv_backend = "c10d";
     o.rdzv_endpoint.clear();
+  }
+  if (!o.rdzv_endpoint.empty()) {
+    // One node hosts its own rendezvous; an endpoint elsewhere would be
+    // another machine's, which this ctrun does not join yet.
+    const std::string host = ParseEndpoint(o.rdzv_endpoint)->host;
+    if (!IsLoopbackHost(host) && host != host_facts_hostname) {
+      return Bad(spec("rdzv_endpoint"), raw["rdzv_endpoint"],
+                 "joining a rendezvous on another host is not implemented "
+                 "yet; for one node drop the flag or use --standalone");
+    }
+  }
+  if (raw["master_addr"].source != Source::kDefault && o.local_addr.empty()) {
+    // A single node is its own master: MASTER_ADDR is the address given.
+    o.local_addr = o.master_addr;
   }
   if (o.max_nodes > 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -21,6 +21,7 @@ using EnvMap = std::map<std::string, std::string>;
 
 // What the machine has, for --nproc_per_node=gpu|cpu|auto.
 struct HostFacts {
+  std::string hostname;
   int cpu_count = 1;
   int gpu_count = 0;
   std::string gpu_source;  // how gpu_count was found, for messages

@@ -144,6 +144,9 @@ int main(int argc, char** argv) {
   // Debian's Abseil checks lock order on every acquisition; tests keep that
   // on, the launcher does not pay for it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A console that goes away (ctrun ... | head) must not kill the agent
+  // while it has workers; workers get the default disposition back.
+  signal(SIGPIPE, SIG_IGN);
   EnvMap env = ProcessEnvironment();
   const std::vector<std::string> args(argv + 1, argv + argc);
   auto command = ParseCommandLine(args, env, DetectHostFacts(env));

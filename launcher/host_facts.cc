@@ -1,6 +1,7 @@
 #include "launcher/host_facts.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <regex>
@@ -34,6 +35,9 @@ int CountEntries(const std::string& dir, const std::regex& name) {
 
 HostFacts DetectHostFacts(const EnvMap& env, const std::string& root) {
   HostFacts facts;
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  facts.hostname = name;
   facts.cpu_count = CountCpus();
   if (auto it = env.find(env::kCudaVisibleDevices); it != env.end()) {
     const std::string& v = it->second;

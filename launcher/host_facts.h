@@ -8,9 +8,9 @@
 
 namespace ctrun {
 
-// CPUs this process may run on (sched_getaffinity). GPUs: the entries of
-// CUDA_VISIBLE_DEVICES when it is set (empty, -1 or NoDevFiles: none);
-// otherwise the NVIDIA devices the driver lists under
+// The host name, the CPUs this process may run on (sched_getaffinity). GPUs:
+// the entries of CUDA_VISIBLE_DEVICES when it is set (empty, -1 or NoDevFiles:
+// none); otherwise the NVIDIA devices the driver lists under
 // /proc/driver/nvidia/gpus (or /dev/nvidiaN). `root` prefixes those paths,
 // for tests.
 HostFacts DetectHostFacts(const EnvMap& env, const std::string& root = "");

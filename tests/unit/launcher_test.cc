@@ -19,7 +19,7 @@
 namespace ctrun {
 namespace {
 
-const HostFacts kHost{8, 2, "test"};
+const HostFacts kHost{"thishost", 8, 2, "test"};
 
 absl::StatusOr<CommandLine> Parse(std::vector<std::string> args,
                                   EnvMap env = {}, HostFacts host = kHost) {
@@ -137,12 +137,24 @@ TEST_CASE("nproc_per_node gpu cpu and auto follow the host",
   CHECK(Parse({"--nproc_per_node=gpu", "t"})->options.local_world_size == 2);
   CHECK(Parse({"--nproc_per_node=cpu", "t"})->options.local_world_size == 8);
   CHECK(Parse({"--nproc_per_node=auto", "t"})->options.local_world_size == 2);
-  const HostFacts no_gpu{4, 0, "CUDA_VISIBLE_DEVICES="};
+  const HostFacts no_gpu{"thishost", 4, 0, "CUDA_VISIBLE_DEVICES="};
   CHECK(Parse({"--nproc_per_node=auto", "t"}, {}, no_gpu)
             ->options.local_world_size == 4);
   auto gpu = Parse({"--nproc_per_node=gpu", "t"}, {}, no_gpu);
   REQUIRE(absl::IsInvalidArgument(gpu.status()));
   CHECK(gpu.status().message().find("no GPU is visible") != std::string::npos);
+}
+
+TEST_CASE("A single node hosts its rendezvous and refuses a remote one",
+          "[launcher][unit]") {
+  CHECK(Parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "t"})
+            .ok());
+  CHECK(Parse({"--rdzv_endpoint=thishost", "t"}).ok());
+  auto remote = Parse({"--rdzv_endpoint=10.9.9.9:29400", "t"});
+  REQUIRE(absl::IsInvalidArgument(remote.status()));
+  CHECK(remote.status().message().find("--rdzv_endpoint=10.9.9.9:29400") == 0);
+  CHECK(Parse({"--master_addr=10.0.0.5", "t"})->options.local_addr ==
+        "10.0.0.5");
 }
 
 TEST_CASE("rdzv_conf sets the rendezvous timeouts", "[launcher][unit]") {
