@@ -383,8 +383,8 @@ void Agent::StartWorkers(const v1::Assignment& a) {
     std::filesystem::create_directories(dir, ec);
     w.error_file = dir + "/error.json";
 
-    const EnvMap env =
-        WorkerEnvironment(o, a, lr, config_.env, config_.store, w.error_file);
+    const EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
+                                         config_.address, w.error_file);
     auto spawned = SpawnWorker(config_.worker_argv, env);
     if (!spawned.ok()) {
       Say(std::string(spawned.status().message()));

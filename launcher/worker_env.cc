@@ -8,6 +8,7 @@ namespace ctrun {
 EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
                          int local_rank, const EnvMap& agent_env,
                          const StoreAccess& store,
+                         const std::string& node_address,
                          const std::string& error_file) {
   EnvMap e = agent_env;
   const int rank = a.first_global_rank() + local_rank;
@@ -36,6 +37,7 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
   e[env::kStoreJob] = a.job_id();
   e[env::kStoreRound] = absl::StrCat(a.round());
   if (!store.token.empty()) e[env::kStoreToken] = store.token;
+  e[env::kNodeAddress] = node_address;
   return e;
 }
 

@@ -17,6 +17,8 @@ struct StoreAccess {
   std::string token;
 };
 
+// `node_address`: where this node's workers listen for their peers.
+
 // The full environment of the worker at `local_rank` in `assignment`.
 // `agent_env` is inherited; OMP_NUM_THREADS=1 is added when several workers
 // share the node and it is unset; the NCCL error-handling switches are set
@@ -24,6 +26,7 @@ struct StoreAccess {
 EnvMap WorkerEnvironment(const LaunchOptions& options,
                          const v1::Assignment& assignment, int local_rank,
                          const EnvMap& agent_env, const StoreAccess& store,
+                         const std::string& node_address,
                          const std::string& error_file);
 
 }  // namespace ctrun

@@ -7,6 +7,8 @@ namespace ctrun::testing {
 std::string CtrundPath() { return CTRUN_CTRUND_PATH; }
 std::string CtrunPath() { return CTRUN_CTRUN_PATH; }
 std::string TestAgentPath() { return CTRUN_TEST_AGENT_PATH; }
+std::string WorkerProbePath() { return CTRUN_WORKER_PROBE_PATH; }
+std::string TrainPath() { return CTRUN_TRAIN_PATH; }
 std::string SourceDir() { return CTRUN_SOURCE_DIR; }
 
 Daemon::Daemon(std::vector<std::string> extra_args) {

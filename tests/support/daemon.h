@@ -15,6 +15,8 @@ namespace ctrun::testing {
 std::string CtrundPath();
 std::string CtrunPath();
 std::string TestAgentPath();
+std::string WorkerProbePath();
+std::string TrainPath();
 std::string SourceDir();
 
 class Daemon {

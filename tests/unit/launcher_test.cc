@@ -250,8 +250,9 @@ TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
   o.run_id = "job9";
   o.role = "trainer";
   const EnvMap agent = {{"PATH", "/usr/bin"}, {"OMP_NUM_THREADS", "8"}};
-  EnvMap e = WorkerEnvironment(o, MakeAssignment(), 2, agent,
-                               {"127.0.0.1:9", "tok"}, "/logs/error.json");
+  EnvMap e =
+      WorkerEnvironment(o, MakeAssignment(), 2, agent, {"127.0.0.1:9", "tok"},
+                        "10.1.1.2", "/logs/error.json");
   CHECK(e["RANK"] == "6");
   CHECK(e["LOCAL_RANK"] == "2");
   CHECK(e["GROUP_RANK"] == "1");
@@ -275,16 +276,17 @@ TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
   CHECK(e[env::kStoreJob] == "job9");
   CHECK(e[env::kStoreRound] == "2");
   CHECK(e[env::kStoreToken] == "tok");
+  CHECK(e[env::kNodeAddress] == "10.1.1.2");
 }
 
 TEST_CASE("OMP_NUM_THREADS is 1 only when several workers share the node",
           "[launcher][unit]") {
   LaunchOptions o;
   o.local_world_size = 2;
-  CHECK(WorkerEnvironment(o, MakeAssignment(), 0, {}, {}, "")
+  CHECK(WorkerEnvironment(o, MakeAssignment(), 0, {}, {}, "", "")
             .at("OMP_NUM_THREADS") == "1");
   o.local_world_size = 1;
-  CHECK_FALSE(WorkerEnvironment(o, MakeAssignment(), 0, {}, {}, "")
+  CHECK_FALSE(WorkerEnvironment(o, MakeAssignment(), 0, {}, {}, "", "")
                   .contains("OMP_NUM_THREADS"));
 }
 

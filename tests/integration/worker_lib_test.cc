@@ -1,0 +1,150 @@
+// libctrun_worker in real workers under the real ctrun: the store
+// contract, the NCCL unique-id exchange (on CPU), Gloo all-reduce, and the
+// train example with and without an interruption.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(120);
+
+struct Run {
+  std::string out;
+  std::string err;
+  int code;
+};
+
+Run Launch(std::vector<std::string> args) {
+  std::vector<std::string> argv = {CtrunPath(), "--standalone"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildProcess p(argv);
+  Run r;
+  r.out = p.ReadAll(kWait);
+  r.code = p.Wait(kWait).value_or(-1);
+  r.err = p.Stderr();
+  return r;
+}
+
+int Count(const std::string& text, const std::string& pattern) {
+  std::regex re(pattern);
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                    std::sregex_iterator()));
+}
+
+TEST_CASE("Workers read their identity and the store's scope",
+          "[worker][integration]") {
+  auto r = Launch({"--nproc_per_node=2", WorkerProbePath(), "identity"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(Count(r.out,
+              "ok identity rank=[01] local=[01] world=2 round=0 "
+              "job=ctrun-[0-9a-f]+ node=127.0.0.1") == 2);
+}
+
+TEST_CASE("Outside ctrun a worker says it was not started by ctrun",
+          "[worker][integration]") {
+  ChildProcess p({WorkerProbePath(), "store"});
+  CHECK(p.Wait(kWait) == 2);
+  CHECK(p.Stderr().find("not started by ctrun") != std::string::npos);
+}
+
+TEST_CASE("The store client honours the store contract in real workers",
+          "[worker][integration]") {
+  auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "store"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(Count(r.out, "ok store rank=[0-3]") == 4);
+}
+
+TEST_CASE("A 128-byte NCCL unique id from rank 0 reaches every rank",
+          "[worker][integration]") {
+  auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "nccl-id"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  std::smatch m;
+  std::set<std::string> digests;
+  std::regex line("ok nccl-id rank=[0-3] bytes=128 digest=([0-9a-f]+)");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), line), end;
+       it != end; ++it) {
+    digests.insert((*it)[1]);
+  }
+  CHECK(Count(r.out, "ok nccl-id") == 4);
+  CHECK(digests.size() == 1);
+}
+
+TEST_CASE("A unique id of the wrong size is refused", "[worker][integration]") {
+  auto r = Launch({"--nproc_per_node=2", WorkerProbePath(), "nccl-id", "100"});
+  CHECK(r.code != 0);
+  CHECK(r.err.find("DATA_LOSS") != std::string::npos);
+  CHECK(r.err.find("has 100 bytes; expected 128") != std::string::npos);
+}
+
+TEST_CASE("Four workers all-reduce with Gloo through the job's store",
+          "[worker][integration]") {
+  auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "gloo"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(Count(r.out, "ok gloo rank=[0-3] sum=10") == 4);
+}
+
+std::set<std::string> Checksums(const std::string& out) {
+  std::set<std::string> sums;
+  std::regex line("final step=300 loss=([0-9.]+) params_sha256=([0-9a-f]{64})");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end;
+       ++it) {
+    sums.insert((*it)[2]);
+  }
+  return sums;
+}
+
+TEST_CASE("train converges with 4 workers and every rank ends equal",
+          "[worker][integration]") {
+  auto r = Launch({"--nproc_per_node=4", TrainPath(), "--steps", "300"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(Count(r.out, "final step=300") == 4);
+  CHECK(Checksums(r.out).size() == 1);
+  std::smatch first, last;
+  REQUIRE(std::regex_search(r.out, first, std::regex("step 1 loss ([0-9.]+)")));
+  REQUIRE(std::regex_search(r.out, last,
+                            std::regex("final step=300 loss=([0-9.]+)")));
+  CHECK(std::stod(last[1]) < std::stod(first[1]) / 100);
+}
+
+TEST_CASE(
+    "A worker killed mid-run resumes from the checkpoint to the same "
+    "parameters",
+    "[worker][integration]") {
+  const std::string base = std::filesystem::temp_directory_path() /
+                           ("ctrun-ckpt-" + std::to_string(getpid()));
+  std::filesystem::create_directories(base + "/a");
+  std::filesystem::create_directories(base + "/b");
+  auto plain = Launch({"--nproc_per_node=4", TrainPath(), "--steps", "300",
+                       "--checkpoint_dir", base + "/a"});
+  REQUIRE(plain.code == 0);
+  auto crashed = Launch({"--nproc_per_node=4", "--max_restarts=1", TrainPath(),
+                         "--steps", "300", "--checkpoint_dir", base + "/b",
+                         "--crash_at_step", "170", "--crash_rank", "2"});
+  INFO(crashed.err);
+  REQUIRE(crashed.code == 0);
+  CHECK(crashed.err.find("was killed by SIGKILL") != std::string::npos);
+  CHECK(crashed.out.find("resuming from step 160 (restart 1)") !=
+        std::string::npos);
+  const auto a = Checksums(plain.out);
+  const auto b = Checksums(crashed.out);
+  REQUIRE(a.size() == 1);
+  REQUIRE(b.size() == 1);
+  CHECK(*a.begin() == *b.begin());
+  std::filesystem::remove_all(base);
+}
+
+}  // namespace
+}  // namespace ctrun::testing

@@ -1,0 +1,125 @@
+// worker_probe: a worker program for tests, linked only against
+// libctrun_worker, run under ctrun. One mode per behaviour; each prints
+// "ok <mode> ..." lines on success, and exits non-zero with the reason on
+// stderr otherwise.
+//
+//   worker_probe identity        prints the identity it read
+//   worker_probe store           exercises the store contract
+//   worker_probe nccl-id [BYTES] shares a unique id of BYTES (128) bytes;
+//                                rank 0 publishes BYTES, the others expect 128
+//   worker_probe gloo            all-reduces rank+1 with Gloo
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <openssl/sha.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "ctrun/gloo.h"
+#include "ctrun/nccl.h"
+#include "ctrun/store.h"
+#include "ctrun/worker.h"
+
+namespace {
+
+int Fail(const std::string& why) {
+  std::fprintf(stderr, "worker_probe: %s\n", why.c_str());
+  return 1;
+}
+
+#define EXPECT(cond)                                           \
+  do {                                                         \
+    if (!(cond)) return Fail(absl::StrCat("failed: ", #cond)); \
+  } while (0)
+
+std::string Hex(const std::string& bytes) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), d);
+  std::string out;
+  for (int i = 0; i < 8; ++i)
+    absl::StrAppend(&out, absl::Hex(d[i], absl::kZeroPad2));
+  return out;
+}
+
+int Store(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
+  const std::string mine = absl::StrCat("rank/", id.rank);
+  EXPECT(store.Set(mine, absl::StrCat("hello from ", id.rank)).ok());
+  // Everyone's key arrives; a waiting get returns it.
+  for (int r = 0; r < id.world_size; ++r) {
+    auto v = store.Get(absl::StrCat("rank/", r), absl::Seconds(30));
+    EXPECT(v.ok() && *v == absl::StrCat("hello from ", r));
+  }
+  auto arrived = store.Add("arrived", 1);
+  EXPECT(arrived.ok() && *arrived >= 1 && *arrived <= id.world_size);
+  EXPECT(store.Wait({"rank/0"}, absl::Seconds(5)).ok());
+  EXPECT(*store.Check({mine}));
+  auto missing = store.Get(absl::StrCat("never/", id.rank));
+  EXPECT(absl::IsNotFound(missing.status()));
+  auto late = store.Get("never", absl::Milliseconds(100));
+  EXPECT(absl::IsDeadlineExceeded(late.status()));
+  auto big = store.Set("big", std::string((1 << 20) + 1, 'x'));
+  EXPECT(absl::IsInvalidArgument(big));
+  std::printf("ok store rank=%d\n", id.rank);
+  return 0;
+}
+
+int NcclId(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store,
+           size_t rank0_bytes) {
+  std::string rank0_id;
+  if (id.rank == 0) {
+    std::mt19937 rng(std::random_device{}());
+    for (size_t i = 0; i < rank0_bytes; ++i) rank0_id.push_back(char(rng()));
+  }
+  auto shared =
+      ctrun::ShareUniqueId(store, id, 0, rank0_id,
+                           id.rank == 0 ? rank0_bytes : 128, absl::Seconds(30));
+  if (!shared.ok()) return Fail(shared.status().ToString());
+  std::printf("ok nccl-id rank=%d bytes=%zu digest=%s\n", id.rank,
+              shared->size(), Hex(*shared).c_str());
+  return 0;
+}
+
+int Gloo(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
+  auto context = ctrun::CreateGlooContext(id, store);
+  if (!context.ok()) return Fail(context.status().ToString());
+  std::vector<double> value = {static_cast<double>(id.rank + 1)};
+  gloo::AllreduceOptions opts(*context);
+  opts.setOutput(value.data(), value.size());
+  opts.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, size_t)>(
+          &gloo::sum<double>));
+  gloo::allreduce(opts);
+  std::printf("ok gloo rank=%d sum=%.0f\n", id.rank, value[0]);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  auto id = ctrun::WorkerIdentity::FromEnvironment();
+  if (!id.ok()) {
+    std::fprintf(stderr, "worker_probe: %s\n", id.status().ToString().c_str());
+    return 2;
+  }
+  if (mode == "identity") {
+    std::printf(
+        "ok identity rank=%d local=%d world=%d round=%lld job=%s "
+        "node=%s\n",
+        id->rank, id->local_rank, id->world_size,
+        static_cast<long long>(id->store_round), id->store_job.c_str(),
+        id->node_address.c_str());
+    return 0;
+  }
+  auto store = ctrun::WorkerStore::Connect(*id);
+  if (!store.ok()) return Fail(store.status().ToString());
+  if (mode == "store") return Store(*id, **store);
+  if (mode == "nccl-id") {
+    return NcclId(*id, **store, argc > 2 ? std::atoi(argv[2]) : 128);
+  }
+  if (mode == "gloo") return Gloo(*id, **store);
+  return Fail("usage: worker_probe identity|store|nccl-id [BYTES]|gloo");
+}

@@ -1,0 +1,98 @@
+#include <catch2/catch.hpp>
+
+#include "ctrun/nccl.h"
+#include "ctrun/worker.h"
+
+namespace ctrun {
+namespace {
+
+std::map<std::string, std::string> Launched() {
+  return {{"RANK", "5"},
+          {"LOCAL_RANK", "1"},
+          {"WORLD_SIZE", "8"},
+          {"LOCAL_WORLD_SIZE", "4"},
+          {"GROUP_RANK", "1"},
+          {"GROUP_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "10.0.0.1"},
+          {"MASTER_PORT", "29511"},
+          {"TORCHELASTIC_RESTART_COUNT", "2"},
+          {"TORCHELASTIC_MAX_RESTARTS", "3"},
+          {"TORCHELASTIC_RUN_ID", "job"},
+          {"ROLE_NAME", "default"},
+          {"CTRUN_STORE_ENDPOINT", "127.0.0.1:4000"},
+          {"CTRUN_STORE_JOB", "job"},
+          {"CTRUN_STORE_ROUND", "3"},
+          {"CTRUN_STORE_TOKEN", "t"},
+          {"CTRUN_NODE_ADDRESS", "10.0.0.2"}};
+}
+
+TEST_CASE("Worker identity is read from the launcher's environment",
+          "[worker][unit]") {
+  auto id = WorkerIdentity::FromEnvironment(Launched());
+  REQUIRE(id.ok());
+  CHECK(id->rank == 5);
+  CHECK(id->local_rank == 1);
+  CHECK(id->world_size == 8);
+  CHECK(id->local_world_size == 4);
+  CHECK(id->group_rank == 1);
+  CHECK(id->group_world_size == 2);
+  CHECK(id->master_addr == "10.0.0.1");
+  CHECK(id->master_port == 29511);
+  CHECK(id->restart_count == 2);
+  CHECK(id->max_restarts == 3);
+  CHECK(id->run_id == "job");
+  CHECK(id->has_store());
+  CHECK(id->store_round == 3);
+  CHECK(id->node_address == "10.0.0.2");
+}
+
+TEST_CASE("Outside a launch the identity says which variable is missing",
+          "[worker][unit]") {
+  auto id = WorkerIdentity::FromEnvironment({});
+  REQUIRE(absl::IsFailedPrecondition(id.status()));
+  CHECK(id.status().message().find("not started by ctrun") !=
+        std::string::npos);
+  CHECK(id.status().message().find("is not set") != std::string::npos);
+}
+
+TEST_CASE("Malformed or inconsistent identities are refused by name",
+          "[worker][unit]") {
+  for (auto [name, value, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"RANK", "8", "RANK=8 is not below WORLD_SIZE=8"},
+           {"RANK", "x", "RANK=x is not an integer"},
+           {"LOCAL_RANK", "4", "LOCAL_RANK=4"},
+           {"MASTER_PORT", "0", "MASTER_PORT=0"},
+           {"CTRUN_STORE_ROUND", "-1", "CTRUN_STORE_ROUND=-1"}}) {
+    auto env = Launched();
+    env[name] = value;
+    auto id = WorkerIdentity::FromEnvironment(env);
+    INFO(name << "=" << value);
+    REQUIRE(absl::IsInvalidArgument(id.status()));
+    CHECK(id.status().message().find(says) != std::string::npos);
+  }
+}
+
+TEST_CASE("A torchrun-launched worker has an identity but no store",
+          "[worker][unit]") {
+  auto env = Launched();
+  for (const char* k : {"CTRUN_STORE_ENDPOINT", "CTRUN_STORE_JOB",
+                        "CTRUN_STORE_ROUND", "CTRUN_STORE_TOKEN"}) {
+    env.erase(k);
+  }
+  auto id = WorkerIdentity::FromEnvironment(env);
+  REQUIRE(id.ok());
+  CHECK_FALSE(id->has_store());
+  auto store = WorkerStore::Connect(*id);
+  CHECK(absl::IsFailedPrecondition(store.status()));
+}
+
+TEST_CASE("NCCL unique id keys are namespaced by run round and sequence",
+          "[worker][unit]") {
+  auto id = WorkerIdentity::FromEnvironment(Launched());
+  CHECK(NcclIdKey(*id, 0) == "nccl-unique-id/job/3/0");
+  CHECK(NcclIdKey(*id, 1) != NcclIdKey(*id, 0));
+}
+
+}  // namespace
+}  // namespace ctrun
