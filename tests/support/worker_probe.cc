@@ -8,6 +8,8 @@
 //   worker_probe nccl-id [BYTES] shares a unique id of BYTES (128) bytes;
 //                                rank 0 publishes BYTES, the others expect 128
 //   worker_probe gloo            all-reduces rank+1 with Gloo
+//   worker_probe nccl            all-reduces rank+1 with NCCL on the GPU
+//                                LOCAL_RANK (builds with NCCL only)
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <openssl/sha.h>
@@ -96,6 +98,20 @@ int Gloo(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
   return 0;
 }
 
+#if defined(CTRUN_WITH_NCCL)
+int Nccl(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
+  auto comm = ctrun::CreateNcclCommunicator(id, store);
+  if (!comm.ok()) return Fail(comm.status().ToString());
+  std::vector<double> value = {static_cast<double>(id.rank + 1)};
+  if (auto s = (*comm)->AllReduceSum(value.data(), value.size()); !s.ok()) {
+    return Fail(s.ToString());
+  }
+  std::printf("ok nccl rank=%d device=%d sum=%.0f\n", id.rank,
+              (*comm)->device(), value[0]);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,5 +137,8 @@ int main(int argc, char** argv) {
     return NcclId(*id, **store, argc > 2 ? std::atoi(argv[2]) : 128);
   }
   if (mode == "gloo") return Gloo(*id, **store);
+#if defined(CTRUN_WITH_NCCL)
+  if (mode == "nccl") return Nccl(*id, **store);
+#endif
   return Fail("usage: worker_probe identity|store|nccl-id [BYTES]|gloo");
 }
