@@ -90,7 +90,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     return Fail(std::string(connection.status().message()), 1);
 
   // Per-attempt logs and error files: under --log_dir/RUN_ID, or in a
-  // temporary directory removed when the job succeeds.
+  // temporary directory ($TMPDIR or /tmp) removed when the job succeeds.
   std::string run_dir;
   bool temporary = false;
   if (!options.log_dir.empty()) {
@@ -103,9 +103,14 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
                   kUsageError);
     }
   } else {
-    char dir[] = "/tmp/ctrun-XXXXXX";
-    if (mkdtemp(dir) == nullptr)
-      return Fail("cannot create a temporary directory", 1);
+    const char* tmp = getenv("TMPDIR");
+    std::string dir = absl::StrCat(
+        tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ctrun-XXXXXX");
+    if (mkdtemp(dir.data()) == nullptr) {
+      return Fail(absl::StrCat("cannot create a temporary directory like ", dir,
+                               ": ", strerror(errno)),
+                  1);
+    }
     run_dir = dir;
     temporary = true;
   }

@@ -12,6 +12,7 @@ extern char** environ;
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -32,8 +33,9 @@ ChildProcess::ChildProcess(std::vector<std::string> argv,
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  char path[] = "/tmp/ctrun-test-stderr-XXXXXX";
-  const int err_fd = mkstemp(path);
+  std::string path =
+      std::filesystem::temp_directory_path() / "ctrun-test-stderr-XXXXXX";
+  const int err_fd = mkstemp(path.data());
   stderr_path_ = path;
   int out[2];
   if (err_fd < 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
