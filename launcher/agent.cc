@@ -39,6 +39,11 @@ constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
 // the agent before it is abandoned.
 constexpr absl::Duration kGiveUpAfterKill = absl::Seconds(10);
 
+// Progress of a round that is collecting nodes: printed only after this
+// long, then this often.
+constexpr absl::Duration kProgressQuietFor = absl::Seconds(2);
+constexpr absl::Duration kProgressEvery = absl::Seconds(5);
+
 // A TCP port that is free on `address` now: the OS picks it for a socket
 // bound to port 0, which is then closed. 0 when none could be had.
 int FindFreePort(const std::string& address) {
@@ -132,8 +137,8 @@ int Agent::Run() {
 }
 
 void Agent::Poll(absl::Time now) {
-  const absl::Time next =
-      std::min({next_heartbeat_, kill_deadline_, give_up_deadline_});
+  const absl::Time next = std::min({next_heartbeat_, kill_deadline_,
+                                    give_up_deadline_, first_answer_deadline_});
   int timeout_ms = -1;
   if (next != absl::InfiniteFuture()) {
     timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -167,6 +172,18 @@ void Agent::Poll(absl::Time now) {
 }
 
 void Agent::OnTimers(absl::Time now) {
+  if (now >= first_answer_deadline_) {
+    first_answer_deadline_ = absl::InfiniteFuture();
+    Say(absl::StrCat("no answer from the rendezvous at ",
+                     config_.connection.endpoint(),
+                     " within the join timeout "
+                     "of ",
+                     absl::FormatDuration(config_.options.join_timeout),
+                     "; is it up, and is this the right endpoint?"));
+    if (session_) session_->Cancel();
+    Finish(1);
+    return;
+  }
   if (now >= next_heartbeat_) {
     SendHeartbeat();
     next_heartbeat_ = now + config_.options.keep_alive_interval;
@@ -238,6 +255,7 @@ void Agent::OpenSession() {
   };
   session_ = SessionStream::Start(config_.connection, join, handlers);
   next_heartbeat_ = MonotonicNow() + o.keep_alive_interval;
+  first_answer_deadline_ = MonotonicNow() + o.join_timeout;
 }
 
 void Agent::DrainSession() {
@@ -261,6 +279,7 @@ void Agent::DrainSession() {
 }
 
 void Agent::OnServerMessage(const v1::ServerMessage& m) {
+  first_answer_deadline_ = absl::InfiniteFuture();
   switch (m.kind_case()) {
     case v1::ServerMessage::kAssignment:
       if (exit_signal_ || job_failed_) return;
@@ -283,9 +302,48 @@ void Agent::OnServerMessage(const v1::ServerMessage& m) {
       StopWorkers(SIGTERM);
       return;
     case v1::ServerMessage::kProgress:
+      ReportProgress(m.progress());
+      return;
     case v1::ServerMessage::KIND_NOT_SET:
       return;
   }
+}
+
+void Agent::ReportProgress(const v1::Progress& p) {
+  // Quiet when the round closes quickly; then at most every few seconds.
+  const absl::Time now = MonotonicNow();
+  if (now < next_progress_print_) return;
+  if (next_progress_print_ == absl::InfinitePast()) {
+    next_progress_print_ = now + kProgressQuietFor;
+    return;
+  }
+  next_progress_print_ = now + kProgressEvery;
+  std::string line =
+      absl::StrCat("waiting for nodes (round ", p.round(), "): ", p.joined(),
+                   " joined, need ", p.min_nodes());
+  if (p.max_nodes() != p.min_nodes()) {
+    absl::StrAppend(&line, "..", p.max_nodes());
+  }
+  if (p.missing_node_ranks_size() > 0) {
+    absl::StrAppend(&line, "; missing node ranks [",
+                    absl::StrJoin(p.missing_node_ranks(), ","), "]");
+  }
+  if (p.pending_count() > 0) {
+    absl::StrAppend(&line,
+                    "; not back yet: ", absl::StrJoin(p.pending(), ", "));
+  }
+  if (p.last_call_remaining_ms() >= 0) {
+    absl::StrAppend(
+        &line, "; closing in ",
+        absl::FormatDuration(absl::Milliseconds(p.last_call_remaining_ms())));
+  }
+  absl::StrAppend(&line, "; join timeout in ",
+                  absl::FormatDuration(
+                      absl::Seconds(p.join_timeout_remaining_ms() / 1000)));
+  if (p.waiting_for_slot()) {
+    absl::StrAppend(&line, "; the job is full, waiting for a free slot");
+  }
+  Say(line);
 }
 
 void Agent::Report(v1::WorkerReport::State state,
@@ -356,6 +414,7 @@ void Agent::Finish(int exit_code) { exit_code_ = exit_code; }
 void Agent::StartWorkers(const v1::Assignment& a) {
   const auto& o = config_.options;
   DrainOutputs();  // the last attempt's, before its workers are forgotten
+  next_progress_print_ = absl::InfinitePast();
   assignment_ = a;
   workers_.clear();
   failures_.clear();

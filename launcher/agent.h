@@ -85,6 +85,7 @@ class Agent {
   void OpenSession();
   void DrainSession();
   void OnServerMessage(const v1::ServerMessage& message);
+  void ReportProgress(const v1::Progress& progress);
   void Report(v1::WorkerReport::State state,
               const WorkerFailureRecord* failure = nullptr);
   void SendHeartbeat();
@@ -136,7 +137,10 @@ class Agent {
   absl::Time kill_deadline_ = absl::InfiniteFuture();
   absl::Time give_up_deadline_ = absl::InfiniteFuture();
   absl::Time next_heartbeat_ = absl::InfiniteFuture();
+  // Until the rendezvous first answers (it may not be up yet).
+  absl::Time first_answer_deadline_ = absl::InfiniteFuture();
   bool omp_notice_given_ = false;
+  absl::Time next_progress_print_ = absl::InfinitePast();
 
   std::optional<int> exit_code_;
 };

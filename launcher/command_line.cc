@@ -336,7 +336,6 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   }
 
   LaunchOptions& o = result.options;
-  const std::string& host_facts_hostname = host.hostname;
   auto spec = [](const char* name) -> const FlagSpec& {
     return *FindFlag(name);
   };
@@ -437,11 +436,17 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   {
     const auto& v = raw["rdzv_id"];
     if (v.text.empty()) return Bad(spec("rdzv_id"), v, "must not be empty");
+    // "none" (torchrun's default) is fine for one node, which gets a
+    // fresh id; nodes of one job must agree on it, so for several nodes it
+    // stays "none" unless the static master names the job.
+    o.run_id = v.text;
     if (v.text == "none") {
-      o.run_id = GenerateRunId();
-      raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
-    } else {
-      o.run_id = v.text;
+      const auto& nnodes = raw["nnodes"].text;
+      const bool one_node = nnodes == "1" || nnodes == "1:1";
+      if (one_node || raw["standalone"].text == "1") {
+        o.run_id = GenerateRunId();
+        raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
+      }
     }
   }
   {
@@ -575,25 +580,59 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     o.rdzv_backend = "c10d";
     o.rdzv_endpoint.clear();
   }
-  if (!o.rdzv_endpoint.empty()) {
-    // One node hosts its own rendezvous; an endpoint elsewhere would be
-    // another machine's, which this ctrun does not join yet.
-    const std::string host = ParseEndpoint(o.rdzv_endpoint)->host;
-    if (!IsLoopbackHost(host) && host != host_facts_hostname) {
-      return Bad(spec("rdzv_endpoint"), raw["rdzv_endpoint"],
-                 "joining a rendezvous on another host is not implemented "
-                 "yet; for one node drop the flag or use --standalone");
+  if (auto it = o.rdzv_conf.find("is_host"); it != o.rdzv_conf.end()) {
+    auto b = ToBool(it->second);
+    if (!b) {
+      return Bad(spec("rdzv_conf"), raw["rdzv_conf"],
+                 absl::StrCat("is_host=", it->second, " is not 0 or 1"));
     }
+    o.is_host = *b;
   }
-  if (raw["master_addr"].source != Source::kDefault && o.local_addr.empty()) {
-    // A single node is its own master: MASTER_ADDR is the address given.
-    o.local_addr = o.master_addr;
+  if (auto it = o.rdzv_conf.find("token_file"); it != o.rdzv_conf.end()) {
+    o.token_file = it->second;
   }
-  if (o.max_nodes > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nnodes=", raw["nnodes"].text,
-        ": this ctrun runs single-node jobs only; multi-node rendezvous is "
-        "not implemented yet"));
+  const bool static_multi_node = o.rdzv_backend == "static" && o.max_nodes > 1;
+  if (static_multi_node) {
+    // Every node knows the master from its flags; node 0 hosts the
+    // rendezvous one port above MASTER_PORT, which stays the workers'.
+    if (o.min_nodes != o.max_nodes) {
+      return Bad(spec("nnodes"), raw["nnodes"],
+                 "a static rendezvous needs a fixed node count; use "
+                 "--rdzv_backend=c10d for MIN:MAX");
+    }
+    if (o.master_port == 0) o.master_port = 29500;  // torchrun's default
+    if (o.master_port == 65535) {
+      return Bad(spec("master_port"), raw["master_port"],
+                 "a static rendezvous uses MASTER_PORT+1; use a lower port");
+    }
+    if (o.rdzv_endpoint.empty()) {
+      auto ep = ParseEndpoint(o.master_addr, o.master_port + 1);
+      if (!ep.ok()) {
+        return Bad(spec("master_addr"), raw["master_addr"],
+                   ep.status().message());
+      }
+      ep->port = o.master_port + 1;
+      o.rdzv_endpoint = ep->ToString();
+    }
+    if (!o.is_host) o.is_host = o.node_rank == 0;
+    if (o.run_id == "none") {
+      o.run_id = absl::StrCat("static-", o.rdzv_endpoint);
+      raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
+    }
+  } else {
+    // torchrun's c10d ignores --node_rank; ranks come from the rendezvous.
+    o.node_rank = -1;
+    if (o.max_nodes > 1 && o.rdzv_endpoint.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--nnodes=", raw["nnodes"].text,
+          " needs --rdzv_endpoint=HOST:PORT (a ctrund, or the node that "
+          "hosts the rendezvous)"));
+    }
+    if (o.max_nodes == 1 && raw["master_addr"].source != Source::kDefault &&
+        o.local_addr.empty()) {
+      // A single node is its own master: MASTER_ADDR is the address given.
+      o.local_addr = o.master_addr;
+    }
   }
   if (!split->has_entrypoint) {
     return absl::InvalidArgumentError(

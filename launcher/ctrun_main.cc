@@ -16,6 +16,7 @@
 #include "launcher/agent.h"
 #include "launcher/command_line.h"
 #include "launcher/host_facts.h"
+#include "launcher/rendezvous_plan.h"
 #include "launcher/watchdog.h"
 #include "launcher/worker_command.h"
 #include "rendezvous/auth.h"
@@ -70,24 +71,50 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   logger->set_level(spdlog::level::off);
   spdlog::set_default_logger(logger);
 
-  // One node: host the rendezvous on a free loopback port with a fresh
-  // token, and talk to it like to any other.
-  ServerOptions server_options;
-  server_options.listen = Endpoint{"127.0.0.1", 0};
-  server_options.token = GenerateToken();
-  auto server = RendezvousServer::Start(server_options);
-  if (!server.ok()) {
-    return Fail(
-        absl::StrCat("cannot host the rendezvous: ", server.status().message()),
-        1);
+  auto plan = PlanRendezvous(options, Hostname());
+  if (!plan.ok())
+    return Fail(std::string(plan.status().message()), kUsageError);
+  std::string token;
+  if (!options.token_file.empty()) {
+    auto read = ReadTokenFile(options.token_file);
+    if (!read.ok()) {
+      return Fail(
+          absl::StrCat("--rdzv_conf token_file: ", read.status().message()),
+          kUsageError);
+    }
+    token = *read;
+  } else if (plan->host && plan->endpoint.port == 0) {
+    token = GenerateToken();  // nobody else needs to know it
   }
-  const std::string endpoint = (*server)->endpoint().ToString();
+
+  // The hosting agent serves the rendezvous in-process and talks to it
+  // through the ordinary client, like every other agent.
+  std::unique_ptr<RendezvousServer> server;
+  if (plan->host) {
+    ServerOptions server_options;
+    server_options.listen = plan->endpoint;
+    server_options.token = token;
+    auto started = RendezvousServer::Start(server_options);
+    if (started.ok()) {
+      server = std::move(*started);
+    } else if (plan->inferred && absl::IsUnavailable(started.status())) {
+      std::cerr << "ctrun: note: " << plan->endpoint.ToString()
+                << " is already served here; joining it\n";
+    } else {
+      return Fail(absl::StrCat("cannot host the rendezvous: ",
+                               started.status().message()),
+                  1);
+    }
+  }
+  const std::string endpoint =
+      server ? server->endpoint().ToString() : plan->endpoint.ToString();
   ConnectionOptions connection_options;
   connection_options.endpoint = endpoint;
-  connection_options.token = server_options.token;
+  connection_options.token = token;
   auto connection = Connection::Open(connection_options);
-  if (!connection.ok())
-    return Fail(std::string(connection.status().message()), 1);
+  if (!connection.ok()) {
+    return Fail(std::string(connection.status().message()), kUsageError);
+  }
 
   // Per-attempt logs and error files: under --log_dir/RUN_ID, or in a
   // temporary directory ($TMPDIR or /tmp) removed when the job succeeds.
@@ -115,16 +142,15 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     temporary = true;
   }
 
+  const std::vector<int> options_signals = options.signals_to_handle;
   AgentConfig config;
   config.options = std::move(options);
   config.worker_argv = std::move(worker_argv);
   config.env = std::move(env);
   config.hostname = Hostname();
-  config.address = config.options.local_addr.empty()
-                       ? std::string("127.0.0.1")
-                       : config.options.local_addr;
+  config.address = plan->address;
   config.connection = *connection;
-  config.store = StoreAccess{endpoint, server_options.token};
+  config.store = StoreAccess{endpoint, token};
   config.run_dir = run_dir;
   config.watchdog = &*watchdog;
   int code;
@@ -132,7 +158,23 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     Agent agent(std::move(config));
     code = agent.Run();
   }
-  (*server)->Shutdown();
+  if (server) {
+    // The other nodes still talk to this rendezvous until they leave.
+    if (!server->WaitUntilIdle(absl::ZeroDuration())) {
+      std::cerr << "ctrun: keeping the rendezvous at " << endpoint
+                << " up until the other nodes have left\n";
+      const sigset_t stop = AgentSignals(options_signals);
+      timespec tick{0, 100'000'000};
+      while (!server->WaitUntilIdle(absl::Milliseconds(100))) {
+        siginfo_t info;
+        const int sig = sigtimedwait(&stop, &info, &tick);
+        if (sig > 0 && sig != SIGCHLD && sig != SIGUSR1 && sig != SIGUSR2) {
+          break;
+        }
+      }
+    }
+    server->Shutdown();
+  }
   // A failed job keeps its error files: the summary points at them.
   if (temporary && code == 0) {
     std::error_code ec;

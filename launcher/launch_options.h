@@ -44,7 +44,11 @@ struct LaunchOptions {
   std::string run_id;         // --rdzv_id; generated when "none"
   std::map<std::string, std::string> rdzv_conf;
   bool standalone = false;
-  int node_rank = -1;  // -1: no hint
+  int node_rank = -1;  // -1: no hint (only a static rendezvous uses it)
+  // --rdzv_conf is_host: host the rendezvous here (true), join one (false),
+  // or decide by whether the endpoint names this node (nullopt).
+  std::optional<bool> is_host;
+  std::string token_file;  // --rdzv_conf token_file
   std::string master_addr = "127.0.0.1";
   int master_port = 0;     // 0: a free port found by group rank 0
   std::string local_addr;  // advertised address; empty: derived

@@ -351,6 +351,10 @@ std::unique_ptr<SessionStream> SessionStream::Start(
     const Connection& connection, const v1::Join& join, Handlers handlers) {
   auto reactor = std::make_unique<Reactor>(std::move(handlers));
   connection.Prepare(&reactor->context(), absl::InfiniteDuration());
+  // An agent may start before the node that hosts the rendezvous: the
+  // session waits for the service to come up instead of failing at once.
+  // The agent bounds the wait by its join timeout.
+  reactor->context().set_wait_for_ready(true);
   auto stub = v1::Rendezvous::NewStub(connection.channel());
   stub->async()->Session(&reactor->context(), reactor.get());
   v1::AgentMessage first;

@@ -143,7 +143,8 @@ class SessionStream {
     std::function<void(const absl::Status&)> on_done;
   };
 
-  // Opens the stream and sends `join` first.
+  // Opens the stream and sends `join` first. The stream waits for the
+  // service to be reachable (gRPC's wait-for-ready); Cancel ends the wait.
   static std::unique_ptr<SessionStream> Start(const Connection& connection,
                                               const v1::Join& join,
                                               Handlers handlers);

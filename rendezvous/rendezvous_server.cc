@@ -73,6 +73,14 @@ class RendezvousServer::Impl {
   // Drops the parked requests of a stream that ended.
   void CancelWaits(const absl::flat_hash_map<uint64_t, Parked>& parked);
 
+  bool WaitUntilIdle(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return core_.num_jobs() == 0;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  }
+
   std::vector<v1::JobStatus> ListJobs() {
     absl::MutexLock lock(&mu_);
     return core_.ListJobs(MonotonicNow());
@@ -647,5 +655,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
 const Endpoint& RendezvousServer::endpoint() const { return impl_->endpoint(); }
 
 void RendezvousServer::Shutdown() { impl_->Shutdown(); }
+
+bool RendezvousServer::WaitUntilIdle(absl::Duration timeout) {
+  return impl_->WaitUntilIdle(timeout);
+}
 
 }  // namespace ctrun

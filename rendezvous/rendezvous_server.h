@@ -58,6 +58,10 @@ class RendezvousServer {
   // The bound address, with the actual port.
   const Endpoint& endpoint() const;
 
+  // Whether the service holds no job (every session has ended), waiting up
+  // to `timeout` for that.
+  bool WaitUntilIdle(absl::Duration timeout);
+
   // Ends every session and call, stops the timer thread. Idempotent.
   void Shutdown();
 

@@ -135,7 +135,10 @@ TEST_CASE(
                          "--crash_at_step", "170", "--crash_rank", "2"});
   INFO(crashed.err);
   REQUIRE(crashed.code == 0);
-  CHECK(crashed.err.find("was killed by SIGKILL") != std::string::npos);
+  // Rank 2 dies; its peers may notice (and fail) first, so only the restart
+  // itself is certain.
+  CHECK(crashed.err.find("restarting the workers (round 1") !=
+        std::string::npos);
   CHECK(crashed.out.find("resuming from step 160 (restart 1)") !=
         std::string::npos);
   const auto a = Checksums(plain.out);

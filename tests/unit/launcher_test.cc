@@ -145,14 +145,39 @@ TEST_CASE("nproc_per_node gpu cpu and auto follow the host",
   CHECK(gpu.status().message().find("no GPU is visible") != std::string::npos);
 }
 
-TEST_CASE("A single node hosts its rendezvous and refuses a remote one",
+TEST_CASE("Multi-node launches need an endpoint or a static master",
           "[launcher][unit]") {
-  CHECK(Parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "t"})
-            .ok());
-  CHECK(Parse({"--rdzv_endpoint=thishost", "t"}).ok());
-  auto remote = Parse({"--rdzv_endpoint=10.9.9.9:29400", "t"});
-  REQUIRE(absl::IsInvalidArgument(remote.status()));
-  CHECK(remote.status().message().find("--rdzv_endpoint=10.9.9.9:29400") == 0);
+  auto missing = Parse({"--nnodes=2", "--rdzv_backend=c10d", "t"});
+  REQUIRE(absl::IsInvalidArgument(missing.status()));
+  CHECK(missing.status().message().find("needs --rdzv_endpoint") !=
+        std::string::npos);
+
+  auto c10d = Parse(
+      {"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=10.9.9.9", "t"});
+  REQUIRE(c10d.ok());
+  CHECK(c10d->options.rdzv_endpoint == "10.9.9.9:29400");
+  CHECK(c10d->options.run_id == "none");  // shared by every node, as torchrun
+  CHECK(c10d->options.node_rank == -1);   // c10d ignores --node_rank
+  CHECK_FALSE(c10d->options.is_host.has_value());
+
+  auto node1 = Parse({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.5",
+                      "--master_port=4000", "t"});
+  REQUIRE(node1.ok());
+  CHECK(node1->options.rdzv_endpoint == "10.0.0.5:4001");
+  CHECK(node1->options.master_port == 4000);
+  CHECK(node1->options.node_rank == 1);
+  CHECK(node1->options.is_host == false);
+  CHECK(node1->options.run_id == "static-10.0.0.5:4001");
+  auto node0 = Parse({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.5",
+                      "--master_port=4000", "t"});
+  CHECK(node0->options.is_host == true);
+
+  auto elastic_static = Parse({"--nnodes=2:3", "--master_addr=h", "t"});
+  CHECK(absl::IsInvalidArgument(elastic_static.status()));
+  CHECK(Parse({"--rdzv_conf=is_host=maybe", "t"})
+            .status()
+            .message()
+            .find("is_host=maybe") != std::string::npos);
   CHECK(Parse({"--master_addr=10.0.0.5", "t"})->options.local_addr ==
         "10.0.0.5");
 }

@@ -1,0 +1,114 @@
+#include "launcher/rendezvous_plan.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ctrun {
+namespace {
+
+bool IsInterfaceAddress(const std::string& host) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  char text[INET6_ADDRSTRLEN];
+  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    const int family = i->ifa_addr->sa_family;
+    const void* addr = nullptr;
+    if (family == AF_INET) {
+      addr = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    } else if (family == AF_INET6) {
+      addr = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
+    } else {
+      continue;
+    }
+    found =
+        inet_ntop(family, addr, text, sizeof text) != nullptr && host == text;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// The source address the kernel would use to reach `ep`: a UDP socket
+// "connected" to it sends nothing but has a local address.
+absl::StatusOr<std::string> RouteSource(const Endpoint& ep) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* result = nullptr;
+  const std::string port = absl::StrCat(ep.port);
+  if (int rc = getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &result);
+      rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve the rendezvous host '", ep.host,
+                     "': ", gai_strerror(rc)));
+  }
+  std::string source;
+  for (addrinfo* a = result; a != nullptr && source.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN];
+      const void* addr =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(
+                    &reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(
+                    &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, addr, text, sizeof text) != nullptr) {
+        source = text;
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(result);
+  if (source.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("no route to the rendezvous host '", ep.host, "'"));
+  }
+  return source;
+}
+
+}  // namespace
+
+absl::StatusOr<RendezvousPlan> PlanRendezvous(const LaunchOptions& o,
+                                              const std::string& hostname) {
+  RendezvousPlan plan;
+  if (o.standalone || o.rdzv_endpoint.empty()) {
+    plan.host = true;
+    plan.endpoint = Endpoint{"127.0.0.1", 0};
+    plan.address = o.local_addr.empty() ? "127.0.0.1" : o.local_addr;
+    return plan;
+  }
+  auto ep = ParseEndpoint(o.rdzv_endpoint, 29400);
+  if (!ep.ok()) return ep.status();
+  plan.endpoint = *ep;
+  if (o.is_host) {
+    plan.host = *o.is_host;
+  } else {
+    plan.inferred = true;
+    plan.host = o.local_addr.empty()
+                    ? IsLoopbackHost(ep->host) || ep->host == hostname ||
+                          IsInterfaceAddress(ep->host)
+                    : ep->host == o.local_addr;
+  }
+  if (!o.local_addr.empty()) {
+    plan.address = o.local_addr;
+  } else {
+    auto source = RouteSource(*ep);
+    if (!source.ok()) return source.status();
+    plan.address = *source;
+  }
+  return plan;
+}
+
+}  // namespace ctrun

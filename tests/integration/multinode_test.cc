@@ -1,0 +1,251 @@
+// Several agents as separate processes, each standing for a node on its own
+// loopback address (127.0.0.2, 127.0.0.3, ...), meeting at a ctrund or at
+// an agent that hosts the rendezvous.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+// A port free on `address` right now.
+int FreePort(const std::string& address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, address.c_str(), &a.sin_addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One agent: ctrun on 127.0.0.<n> running `script` with /bin/sh. Lines are
+// prefixed "N<n>R<rank>| ".
+std::unique_ptr<ChildProcess> Node(int n, std::vector<std::string> flags,
+                                   const std::string& script) {
+  std::vector<std::string> argv = {
+      CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
+      absl::StrCat("--log_line_prefix_template=N", n, "R${rank}| ")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"/bin/sh", "-c", script});
+  return std::make_unique<ChildProcess>(argv);
+}
+
+const char kIdentity[] =
+    "echo \"rank=$RANK group=$GROUP_RANK world=$WORLD_SIZE "
+    "gws=$GROUP_WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT "
+    "restart=$TORCHELASTIC_RESTART_COUNT\"";
+
+struct Seen {
+  std::set<int> ranks;
+  std::set<std::string> masters;
+  std::set<int> worlds;
+  int lines = 0;
+};
+
+Seen Parse(const std::string& out) {
+  Seen s;
+  std::regex re(
+      "rank=([0-9]+) group=[0-9]+ world=([0-9]+) gws=[0-9]+ "
+      "master=([0-9.]+:[0-9]+)");
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end;
+       ++it) {
+    s.ranks.insert(std::stoi((*it)[1]));
+    s.worlds.insert(std::stoi((*it)[2]));
+    s.masters.insert((*it)[3]);
+    ++s.lines;
+  }
+  return s;
+}
+
+void CheckPermutation(const Seen& s, int world) {
+  CHECK(s.lines == world);
+  CHECK(s.worlds == std::set<int>{world});
+  CHECK(s.masters.size() == 1);
+  std::set<int> all;
+  for (int r = 0; r < world; ++r) all.insert(r);
+  CHECK(s.ranks == all);
+}
+
+TEST_CASE("Two nodes meet at a ctrund", "[multinode][integration]") {
+  Daemon daemon;
+  const std::vector<std::string> flags = {
+      "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+      "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=pair"};
+  auto a = Node(2, flags, kIdentity);
+  auto b = Node(3, flags, kIdentity);
+  const std::string out = a->ReadAll(kWait) + b->ReadAll(kWait);
+  INFO(out << a->Stderr() << b->Stderr());
+  REQUIRE(a->Wait(kWait) == 0);
+  REQUIRE(b->Wait(kWait) == 0);
+  const Seen s = Parse(out);
+  CheckPermutation(s, 4);
+  // MASTER_ADDR is group rank 0's own address, not a guessed name.
+  const std::string master = *s.masters.begin();
+  CHECK((master.rfind("127.0.0.2:", 0) == 0 ||
+         master.rfind("127.0.0.3:", 0) == 0));
+}
+
+TEST_CASE("Three nodes meet at an agent that hosts the rendezvous",
+          "[multinode][integration]") {
+  const int port = FreePort("127.0.0.2");
+  const std::vector<std::string> flags = {
+      "--nnodes=3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+      absl::StrCat("--rdzv_endpoint=127.0.0.2:", port), "--rdzv_id=trio"};
+  auto host = Node(2, flags, kIdentity);
+  auto b = Node(3, flags, kIdentity);
+  auto c = Node(4, flags, kIdentity);
+  std::string out;
+  for (auto* n : {host.get(), b.get(), c.get()}) out += n->ReadAll(kWait);
+  for (auto* n : {host.get(), b.get(), c.get()}) {
+    INFO(n->Stderr());
+    CHECK(n->Wait(kWait) == 0);
+  }
+  CheckPermutation(Parse(out), 3);
+}
+
+TEST_CASE("A static rendezvous follows the node ranks and the given port",
+          "[multinode][integration]") {
+  const int port = FreePort("127.0.0.2");
+  auto flags = [&](int rank) {
+    return std::vector<std::string>{"--nnodes=2",
+                                    "--nproc_per_node=2",
+                                    "--rdzv_backend=static",
+                                    absl::StrCat("--node_rank=", rank),
+                                    "--master_addr=127.0.0.2",
+                                    absl::StrCat("--master_port=", port)};
+  };
+  // Node rank 1 starts first and on the "wrong" address order.
+  auto second = Node(3, flags(1), kIdentity);
+  auto first = Node(2, flags(0), kIdentity);
+  const std::string out1 = first->ReadAll(kWait);
+  const std::string out2 = second->ReadAll(kWait);
+  INFO(out1 << out2 << first->Stderr() << second->Stderr());
+  REQUIRE(first->Wait(kWait) == 0);
+  REQUIRE(second->Wait(kWait) == 0);
+  CheckPermutation(Parse(out1 + out2), 4);
+  CHECK(out1.find("rank=0 group=0") != std::string::npos);
+  CHECK(out2.find("rank=2 group=1") != std::string::npos);
+  CHECK(out1.find(absl::StrCat("master=127.0.0.2:", port)) !=
+        std::string::npos);
+}
+
+// Workers that print their identity, then wait for a file to exist before
+// exiting 0 (so the test decides when the job ends).
+std::string Loop(const std::string& done_file) {
+  return absl::StrCat(kIdentity, "; while [ ! -e ", done_file,
+                      " ]; do sleep 0.05; done");
+}
+
+TEST_CASE("Killing one agent restarts the survivors with a smaller world",
+          "[multinode][integration]") {
+  Daemon daemon;
+  const std::string done = std::filesystem::temp_directory_path() /
+                           ("ctrun-done-" + std::to_string(getpid()));
+  const std::vector<std::string> flags = {
+      "--nnodes=2:3",        "--nproc_per_node=1",
+      "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
+      "--rdzv_id=elastic",   "--rdzv_conf=last_call_timeout=1"};
+  auto a = Node(2, flags, Loop(done));
+  auto b = Node(3, flags, Loop(done));
+  auto c = Node(4, flags, Loop(done));
+  for (auto* n : {a.get(), b.get(), c.get()}) {
+    REQUIRE(n->WaitForLine("world=3", kWait));
+  }
+  c->Signal(SIGKILL);
+  // The survivors' workers are restarted in the next round within seconds,
+  // without spending the restart budget (max_restarts is 0).
+  auto a2 = a->WaitForLine("world=2", kWait);
+  auto b2 = b->WaitForLine("world=2", kWait);
+  REQUIRE(a2);
+  REQUIRE(b2);
+  CHECK(a2->find("restart=0") != std::string::npos);
+  std::ofstream(done) << "";
+  CHECK(a->Wait(kWait) == 0);
+  CHECK(b->Wait(kWait) == 0);
+  CHECK(a->Stderr().find("was lost") != std::string::npos);
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("A node that joins a running job with room is admitted",
+          "[multinode][integration]") {
+  Daemon daemon;
+  const std::string done = std::filesystem::temp_directory_path() /
+                           ("ctrun-grow-" + std::to_string(getpid()));
+  const std::vector<std::string> flags = {
+      "--nnodes=2:3",        "--nproc_per_node=1",
+      "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
+      "--rdzv_id=grow",      "--rdzv_conf=last_call_timeout=1"};
+  auto a = Node(2, flags, Loop(done));
+  auto b = Node(3, flags, Loop(done));
+  REQUIRE(a->WaitForLine("world=2", kWait));
+  REQUIRE(b->WaitForLine("world=2", kWait));
+  auto c = Node(4, flags, Loop(done));
+  for (auto* n : {a.get(), b.get(), c.get()}) {
+    REQUIRE(n->WaitForLine("world=3", kWait));
+  }
+  std::ofstream(done) << "";
+  for (auto* n : {a.get(), b.get(), c.get()}) CHECK(n->Wait(kWait) == 0);
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("A stopped agent is declared lost and refused when it resumes",
+          "[multinode][integration]") {
+  Daemon daemon;
+  const std::string done = std::filesystem::temp_directory_path() /
+                           ("ctrun-stop-" + std::to_string(getpid()));
+  const std::vector<std::string> flags = {
+      "--nnodes=1:2",
+      "--nproc_per_node=1",
+      "--rdzv_backend=c10d",
+      "--rdzv_endpoint=" + daemon.endpoint(),
+      "--rdzv_id=stall",
+      "--rdzv_conf=last_call_timeout=1,heartbeat_timeout=2,"
+      "keep_alive_interval=0.2"};
+  auto a = Node(2, flags, Loop(done));
+  auto b = Node(3, flags, Loop(done));
+  REQUIRE(a->WaitForLine("world=2", kWait));
+  REQUIRE(b->WaitForLine("world=2", kWait));
+  b->Signal(SIGSTOP);
+  REQUIRE(a->WaitForLine("world=1", kWait));
+  b->Signal(SIGCONT);
+  CHECK(b->Wait(kWait) == 1);
+  CHECK(b->Stderr().find("declared lost") != std::string::npos);
+  std::ofstream(done) << "";
+  CHECK(a->Wait(kWait) == 0);
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("A join timeout with a node missing says who joined",
+          "[multinode][integration]") {
+  Daemon daemon;
+  auto a = Node(2,
+                {"--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                 "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=alone",
+                 "--rdzv_conf=join_timeout=1"},
+                kIdentity);
+  CHECK(a->Wait(kWait) == 1);
+  const std::string err = a->Stderr();
+  CHECK(err.find("1 of at least 2 nodes") != std::string::npos);
+  CHECK(err.find("joined: [") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ctrun::testing
