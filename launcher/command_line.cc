@@ -588,8 +588,16 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     }
     o.is_host = *b;
   }
-  if (auto it = o.rdzv_conf.find("token_file"); it != o.rdzv_conf.end()) {
-    o.token_file = it->second;
+  for (auto [key, out] :
+       {std::pair{"token_file", &o.token_file}, std::pair{"tls_ca", &o.tls_ca},
+        std::pair{"tls_cert", &o.tls_cert}, std::pair{"tls_key", &o.tls_key}}) {
+    if (auto it = o.rdzv_conf.find(key); it != o.rdzv_conf.end()) {
+      *out = it->second;
+    }
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return Bad(spec("rdzv_conf"), raw["rdzv_conf"],
+               "tls_cert and tls_key go together");
   }
   const bool static_multi_node = o.rdzv_backend == "static" && o.max_nodes > 1;
   if (static_multi_node) {

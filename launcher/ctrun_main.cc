@@ -94,6 +94,10 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     ServerOptions server_options;
     server_options.listen = plan->endpoint;
     server_options.token = token;
+    if (!options.tls_cert.empty()) {
+      server_options.tls =
+          TlsServerFiles{options.tls_cert, options.tls_key, ""};
+    }
     auto started = RendezvousServer::Start(server_options);
     if (started.ok()) {
       server = std::move(*started);
@@ -111,6 +115,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   ConnectionOptions connection_options;
   connection_options.endpoint = endpoint;
   connection_options.token = token;
+  connection_options.tls_ca_file = options.tls_ca;
   auto connection = Connection::Open(connection_options);
   if (!connection.ok()) {
     return Fail(std::string(connection.status().message()), kUsageError);
@@ -143,6 +148,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   }
 
   const std::vector<int> options_signals = options.signals_to_handle;
+  const std::string options_tls_ca = options.tls_ca;
   AgentConfig config;
   config.options = std::move(options);
   config.worker_argv = std::move(worker_argv);
@@ -150,7 +156,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   config.hostname = Hostname();
   config.address = plan->address;
   config.connection = *connection;
-  config.store = StoreAccess{endpoint, token};
+  config.store = StoreAccess{endpoint, token, options_tls_ca};
   config.run_dir = run_dir;
   config.watchdog = &*watchdog;
   int code;

@@ -49,6 +49,9 @@ struct LaunchOptions {
   // or decide by whether the endpoint names this node (nullopt).
   std::optional<bool> is_host;
   std::string token_file;  // --rdzv_conf token_file
+  // --rdzv_conf tls_ca (to verify the rendezvous), tls_cert and tls_key
+  // (to serve it, on the hosting node).
+  std::string tls_ca, tls_cert, tls_key;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;     // 0: a free port found by group rank 0
   std::string local_addr;  // advertised address; empty: derived

@@ -15,6 +15,7 @@ namespace ctrun {
 struct StoreAccess {
   std::string endpoint;
   std::string token;
+  std::string tls_ca;  // a file; empty without TLS
 };
 
 // `node_address`: where this node's workers listen for their peers.

@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<WorkerStore>> WorkerStore::Connect(
   ConnectionOptions options;
   options.endpoint = identity.store_endpoint;
   options.token = identity.store_token;
+  options.tls_ca_file = identity.store_tls_ca;
   auto connection = Connection::Open(options);
   if (!connection.ok()) return connection.status();
   return std::unique_ptr<WorkerStore>(new WorkerStore(std::make_unique<Impl>(

@@ -110,6 +110,7 @@ absl::StatusOr<WorkerIdentity> WorkerIdentity::FromEnvironment(const Env& env) {
     }
   }
   id.store_token = Text(env, env::kStoreToken);
+  id.store_tls_ca = Text(env, env::kStoreTlsCa);
   id.node_address = Text(env, env::kNodeAddress);
   if (id.node_address.empty()) id.node_address = "127.0.0.1";
   return id;

@@ -5,9 +5,12 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -71,41 +74,77 @@ TEST_CASE(
   CHECK(err.find("error.json", root) != std::string::npos);
 }
 
+TEST_CASE("PyTorch DDP trains across two nodes that meet at a ctrund",
+          "[ctrun][e2e]") {
+  Daemon daemon;
+  auto node = [&](int n) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{
+            CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=2",
+            "--nproc_per_node=2", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=ddp-2n",
+            Example("ddp_train.py"), "--steps", "150"},
+        std::vector<std::string>{kPython});
+  };
+  auto a = node(2);
+  auto b = node(3);
+  const std::string out = a->ReadAll(kWait) + b->ReadAll(kWait);
+  INFO(out << a->Stderr() << b->Stderr());
+  REQUIRE(a->Wait(kWait) == 0);
+  REQUIRE(b->Wait(kWait) == 0);
+  std::regex final_line(
+      "final step=150 loss=([0-9.]+) params_sha256=([0-9a-f]{64}) rank=([0-3]) "
+      "world=4");
+  std::set<std::string> digests, ranks;
+  for (std::sregex_iterator it(out.begin(), out.end(), final_line), end;
+       it != end; ++it) {
+    digests.insert((*it)[2]);
+    ranks.insert((*it)[3]);
+  }
+  CHECK(ranks.size() == 4);
+  CHECK(digests.size() == 1);
+}
+
 // The worker environments a launcher gives env_dump.py, by RANK.
 std::map<std::string, std::map<std::string, std::string>> DumpEnvs(
-    std::vector<std::string> launcher) {
+    std::vector<std::string> launcher, int workers) {
   std::vector<std::string> keys;
   for (char** e = environ; *e != nullptr; ++e) {
     keys.push_back(std::string(*e).substr(0, std::string(*e).find('=')));
   }
   keys.push_back("PYTHON_EXEC");
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-envdump-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
   launcher.push_back(SourceDir() + "/tests/e2e/env_dump.py");
-  ChildProcess p(launcher,
-                 {kPython, "BASE_ENV_KEYS=" + absl::StrJoin(keys, ",")});
-  const std::string out = p.ReadAll(kWait);
-  INFO(out << p.Stderr());
+  ChildProcess p(launcher, {kPython, "DUMP_DIR=" + dir,
+                            "BASE_ENV_KEYS=" + absl::StrJoin(keys, ",")});
+  p.ReadAll(kWait);
+  INFO(p.Stderr());
   REQUIRE(p.Wait(kWait) == 0);
   std::map<std::string, std::map<std::string, std::string>> by_rank;
-  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
-    const size_t brace = line.find('{');
-    if (brace == absl::string_view::npos) continue;
+  for (int r = 0; r < workers; ++r) {
+    std::ifstream in(absl::StrCat(dir, "/", r, ".json"));
+    std::stringstream text;
+    text << in.rdbuf();
     google::protobuf::Struct s;
-    REQUIRE(google::protobuf::util::JsonStringToMessage(
-                std::string(line.substr(brace)), &s)
-                .ok());
-    std::map<std::string, std::string> env;
-    for (const auto& [k, v] : s.fields()) env[k] = v.string_value();
-    by_rank[env["RANK"]] = env;
+    REQUIRE(google::protobuf::util::JsonStringToMessage(text.str(), &s).ok());
+    for (const auto& [k, v] : s.fields()) {
+      by_rank[absl::StrCat(r)][k] = v.string_value();
+    }
   }
+  std::filesystem::remove_all(dir);
   return by_rank;
 }
 
 TEST_CASE("Workers see the same variables under ctrun and torchrun",
           "[ctrun][e2e]") {
-  auto torchrun = DumpEnvs(
-      {"/usr/bin/python3", SourceDir() + "/scripts/torchrun-compat.py",
-       "--standalone", "--nproc_per_node=2", "--monitor_interval=0.1"});
-  auto ctrun = DumpEnvs({CtrunPath(), "--standalone", "--nproc_per_node=2"});
+  auto torchrun =
+      DumpEnvs({"/usr/bin/python3", SourceDir() + "/scripts/torchrun-compat.py",
+                "--standalone", "--nproc_per_node=2", "--monitor_interval=0.1"},
+               2);
+  auto ctrun = DumpEnvs({CtrunPath(), "--standalone", "--nproc_per_node=2"}, 2);
   REQUIRE(torchrun.size() == 2);
   REQUIRE(ctrun.size() == 2);
   // Different by nature: ports, run ids, paths of per-run files. MASTER_ADDR

@@ -233,6 +233,105 @@ TEST_CASE("A stopped agent is declared lost and refused when it resumes",
   std::filesystem::remove(done);
 }
 
+TEST_CASE("With a ctrund the others continue when group rank 0's agent dies",
+          "[multinode][integration]") {
+  Daemon daemon;
+  const std::string done = std::filesystem::temp_directory_path() /
+                           ("ctrun-rank0-" + std::to_string(getpid()));
+  const std::vector<std::string> flags = {
+      "--nnodes=2:3",        "--nproc_per_node=1",
+      "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
+      "--rdzv_id=headless",  "--rdzv_conf=last_call_timeout=1"};
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n : {2, 3, 4}) nodes.push_back(Node(n, flags, Loop(done)));
+  // Find the agent whose worker got rank 0.
+  int rank0 = -1;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    auto line = nodes[i]->WaitForLine("world=3", kWait);
+    REQUIRE(line);
+    if (line->find("rank=0 ") != std::string::npos) rank0 = static_cast<int>(i);
+  }
+  REQUIRE(rank0 >= 0);
+  nodes[rank0]->Signal(SIGKILL);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (static_cast<int>(i) == rank0) continue;
+    REQUIRE(nodes[i]->WaitForLine("world=2", kWait));
+  }
+  std::ofstream(done) << "";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (static_cast<int>(i) != rank0) CHECK(nodes[i]->Wait(kWait) == 0);
+  }
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("Training across nodes survives a lost node from its checkpoint",
+          "[multinode][integration]") {
+  Daemon daemon;
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-mn-ckpt-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto run = [&](int n) {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=2:3",
+        "--nproc_per_node=1", "--rdzv_backend=c10d",
+        "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=train-mn",
+        "--rdzv_conf=last_call_timeout=1", TrainPath(), "--steps", "4000",
+        "--checkpoint_dir", dir, "--checkpoint_every", "100"});
+  };
+  auto a = run(2);
+  auto b = run(3);
+  auto c = run(4);
+  // Once training is under way on three nodes, one node is lost.
+  REQUIRE((a->WaitForLine("step 50 loss", absl::Seconds(60)) ||
+           b->WaitForLine("step 50 loss", absl::Seconds(1)) ||
+           c->WaitForLine("step 50 loss", absl::Seconds(1))));
+  absl::SleepFor(absl::Milliseconds(300));
+  c->Signal(SIGKILL);
+  const std::string out = a->ReadAll(kWait) + b->ReadAll(kWait);
+  INFO(out << a->Stderr());
+  CHECK(a->Wait(kWait) == 0);
+  CHECK(b->Wait(kWait) == 0);
+  CHECK(out.find("resuming from step") != std::string::npos);
+  std::regex final_line("final step=4000 loss=[0-9.]+ params_sha256=");
+  CHECK(std::distance(std::sregex_iterator(out.begin(), out.end(), final_line),
+                      std::sregex_iterator()) == 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Nodes and their workers meet over TLS with a shared token",
+          "[multinode][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-mn-tls-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  const std::string token = dir + "/token";
+  std::ofstream(token) << "shared-secret\n";
+  ChildProcess openssl(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+       "-days", "1", "-subj", "/CN=ctrun-node", "-addext",
+       "subjectAltName=IP:127.0.0.2", "-keyout", key, "-out", cert});
+  REQUIRE(openssl.Wait(kWait) == 0);
+  const int port = FreePort("127.0.0.2");
+  auto node = [&](int n, const std::string& tls) {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=2",
+        "--nproc_per_node=2", "--rdzv_backend=c10d",
+        absl::StrCat("--rdzv_endpoint=127.0.0.2:", port), "--rdzv_id=tls",
+        "--rdzv_conf=token_file=" + token + ",tls_ca=" + cert + tls,
+        WorkerProbePath(), "store"});
+  };
+  auto host = node(2, ",tls_cert=" + cert + ",tls_key=" + key);
+  auto other = node(3, "");
+  const std::string out = host->ReadAll(kWait) + other->ReadAll(kWait);
+  INFO(out << host->Stderr() << other->Stderr());
+  CHECK(host->Wait(kWait) == 0);
+  CHECK(other->Wait(kWait) == 0);
+  std::regex ok("ok store rank=[0-3]");
+  CHECK(std::distance(std::sregex_iterator(out.begin(), out.end(), ok),
+                      std::sregex_iterator()) == 4);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A join timeout with a node missing says who joined",
           "[multinode][integration]") {
   Daemon daemon;

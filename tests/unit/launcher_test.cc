@@ -275,9 +275,9 @@ TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
   o.run_id = "job9";
   o.role = "trainer";
   const EnvMap agent = {{"PATH", "/usr/bin"}, {"OMP_NUM_THREADS", "8"}};
-  EnvMap e =
-      WorkerEnvironment(o, MakeAssignment(), 2, agent, {"127.0.0.1:9", "tok"},
-                        "10.1.1.2", "/logs/error.json");
+  EnvMap e = WorkerEnvironment(o, MakeAssignment(), 2, agent,
+                               {"127.0.0.1:9", "tok", ""}, "10.1.1.2",
+                               "/logs/error.json");
   CHECK(e["RANK"] == "6");
   CHECK(e["LOCAL_RANK"] == "2");
   CHECK(e["GROUP_RANK"] == "1");

@@ -37,6 +37,8 @@ inline constexpr char kStoreEndpoint[] = "CTRUN_STORE_ENDPOINT";
 inline constexpr char kStoreJob[] = "CTRUN_STORE_JOB";
 inline constexpr char kStoreRound[] = "CTRUN_STORE_ROUND";
 inline constexpr char kStoreToken[] = "CTRUN_STORE_TOKEN";
+// PEM roots that verify the store's TLS certificate, when it serves TLS.
+inline constexpr char kStoreTlsCa[] = "CTRUN_STORE_TLS_CA";
 // The address this node is reached by (its agent's advertised address):
 // where a worker listens for its peers, e.g. Gloo's TCP transport.
 inline constexpr char kNodeAddress[] = "CTRUN_NODE_ADDRESS";

@@ -31,6 +31,7 @@ struct WorkerIdentity {
   std::string store_job;
   int64_t store_round = 0;
   std::string store_token;
+  std::string store_tls_ca;
   std::string node_address;
 
   // Reads and checks the variables. FAILED_PRECONDITION when the process
