@@ -60,6 +60,19 @@ struct RendezvousCore::Job {
   std::string failure;
   std::deque<std::string> lost;
 
+  // A worker failure with no restart left waits this long for a node loss
+  // that would explain it (its peers die when a node does, often before the
+  // loss reaches us); the job fails when none comes.
+  struct PendingFailure {
+    std::string reason;
+    absl::Time deadline;
+  };
+  std::optional<PendingFailure> pending_failure;
+  // The last restart spent on a worker failure: refunded when, within the
+  // settle time, a node of that round turns out to have been lost.
+  int64_t failure_restart_round = -1;
+  absl::Time failure_restart_at = absl::InfinitePast();
+
   bool progress_due = false;
   absl::Time next_progress = absl::InfinitePast();
   // A lower bound on the earliest lease expiry among the nodes.
@@ -392,20 +405,29 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
             return it != job.nodes.end() &&
                    it->second.state == v1::NodeStatus::SUCCEEDED;
           });
-      if (all) FinishJob(job, effects);
+      if (all && !job.pending_failure) FinishJob(job, effects);
       return;
     }
     case v1::WorkerReport::FAILED: {
       node.workers_running = false;
+      if (job.pending_failure) return;  // the first failure decides
       const std::string what = DescribeFailure(node.Name(), report.failure());
       if (job.restart_count >= job.settings.max_restarts()) {
-        FailJob(job,
-                absl::StrCat(what, "; no restarts left (max_restarts=",
-                             job.settings.max_restarts(), ")"),
-                effects);
+        const std::string reason =
+            absl::StrCat(what, "; no restarts left (max_restarts=",
+                         job.settings.max_restarts(), ")");
+        // With one node there is no other node whose loss could explain it.
+        if (job.settings.max_nodes() == 1) {
+          FailJob(job, reason, effects);
+          return;
+        }
+        job.pending_failure =
+            Job::PendingFailure{reason, now + limits_.failure_settle_time};
         return;
       }
       ++job.restart_count;
+      job.failure_restart_round = job.round;
+      job.failure_restart_at = now;
       OpenNextRound(job, v1::RestartRequired::WORKER_FAILED,
                     absl::StrCat(what, "; restart ", job.restart_count, " of ",
                                  job.settings.max_restarts()),
@@ -456,10 +478,21 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     return;
   }
   if (running && node.state == v1::NodeStatus::ACTIVE) {
+    // A worker failure just before was this loss's consequence.
+    job.pending_failure.reset();
     OpenNextRound(job, v1::RestartRequired::NODE_LOST,
                   absl::StrCat("node ", node.Name(), " was lost: ", why), now,
                   effects);
     return;
+  }
+  if (collecting && node.state == v1::NodeStatus::PENDING_REJOIN &&
+      job.failure_restart_round == job.round - 1 &&
+      now - job.failure_restart_at <= limits_.failure_settle_time) {
+    // The round was opened for a worker failure, but a node of that round
+    // was lost too: the failure was the loss's consequence, so its restart
+    // is given back.
+    --job.restart_count;
+    job.failure_restart_round = -1;
   }
   if (collecting) {
     if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
@@ -476,6 +509,7 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   ++job.round;
   job.phase = v1::JobStatus::COLLECTING;
   job.round_opened = now;
+  job.pending_failure.reset();
   job.last_call_deadline = absl::InfiniteFuture();
   job.store.Reset(
       absl::AbortedError(absl::StrCat("round ", job.round - 1, " of job '",
@@ -705,6 +739,11 @@ void RendezvousCore::TickJob(Job& job, absl::Time now, Effects* effects) {
     }
   }
 
+  if (job.pending_failure && now >= job.pending_failure->deadline) {
+    const std::string reason = job.pending_failure->reason;
+    job.pending_failure.reset();
+    FailJob(job, reason, effects);
+  }
   if (job.phase == v1::JobStatus::COLLECTING) {
     MaybeCloseRound(job, now, effects);
     if (job.phase == v1::JobStatus::COLLECTING && now >= job.join_deadline() &&
@@ -722,6 +761,8 @@ absl::Time RendezvousCore::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
   for (const auto& [id, job] : jobs_) {
     next = std::min({next, job->lease_check, job->store.NextDeadline()});
+    if (job->pending_failure)
+      next = std::min(next, job->pending_failure->deadline);
     if (job->phase != v1::JobStatus::COLLECTING) continue;
     next = std::min(next, job->last_call_deadline);
     if (job->CountIn(v1::NodeStatus::JOINED) < job->settings.min_nodes()) {

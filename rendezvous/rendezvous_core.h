@@ -23,7 +23,9 @@
 //   heartbeat_timeout is lost and its session ended with ABORTED.
 // - A worker failure opens the next round and spends one restart; a lost node
 //   or a waiting node (while below max_nodes) opens it for free. A failure
-//   with no restart left fails the job. All nodes succeeding finishes it.
+//   with no restart left fails the job after the failure settle time, unless
+//   a node loss explains it; a loss right after a failure refunds the
+//   failure's restart. All nodes succeeding finishes the job.
 // - A job is forgotten when its last session ends.
 #ifndef CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_
 #define CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_
@@ -63,6 +65,11 @@ struct RendezvousLimits {
   KvStoreLimits store;
   // Collecting rounds tell their nodes how they stand at most this often.
   absl::Duration progress_interval = absl::Seconds(1);
+  // How long a worker failure may turn out to be a node loss's consequence
+  // (peers of a dead node fail before its closed session is seen): a failure
+  // with no restart left fails the job only after this, and a restart spent
+  // on a failure is given back if a node of that round is lost within it.
+  absl::Duration failure_settle_time = absl::Milliseconds(1500);
 };
 
 class RendezvousCore {

@@ -365,10 +365,70 @@ TEST_CASE("A failure with no restart left fails the job",
   h.Join(1, "a");
   h.Join(2, "b");
   h.Report(2, 0, v1::WorkerReport::FAILED);
+  // It waits the settle time for a node loss that would explain it.
+  CHECK_FALSE(h.LastFailed(1));
+  h.Advance(absl::Milliseconds(1500));
   auto f = h.LastFailed(1);
   REQUIRE(f);
   CHECK(f->reason().find("no restarts left") != std::string::npos);
   CHECK(h.core().DescribeJob("job", h.now())->phase() == v1::JobStatus::FAILED);
+}
+
+TEST_CASE("With one node a failure with no restart left fails at once",
+          "[rendezvous][unit]") {
+  Harness h(1, 1, 0);
+  h.Join(1, "a");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  REQUIRE(h.LastFailed(1));
+}
+
+TEST_CASE("A failure followed by a node loss is the loss and fails nothing",
+          "[rendezvous][unit]") {
+  Harness h(1, 3, 0);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  // c's agent dies; its peers' workers fail before its session's end is
+  // seen.
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  h.Advance(absl::Milliseconds(200));
+  h.Close(3);
+  auto r = h.LastRestart(1);
+  REQUIRE(r);
+  CHECK(r->reason() == RestartRequired::NODE_LOST);
+  h.Advance(absl::Seconds(3));
+  CHECK_FALSE(h.LastFailed(1));
+}
+
+TEST_CASE("A node loss right after a failure gives its restart back",
+          "[rendezvous][unit]") {
+  Harness h(1, 3, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  REQUIRE(h.LastRestart(1)->restart_count() == 1);
+  h.Close(3);  // c, told to rejoin, turns out to be gone
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  auto a = h.LastAssignment(1);
+  REQUIRE(a);
+  CHECK(a->round() == 1);
+  CHECK(a->restart_count() == 0);
+}
+
+TEST_CASE("A node loss long after a failure keeps the restart spent",
+          "[rendezvous][unit]") {
+  Harness h(1, 3, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  h.Advance(absl::Seconds(2));
+  h.Close(3);
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  CHECK(h.LastAssignment(1)->restart_count() == 1);
 }
 
 TEST_CASE("A lost node spends no restart", "[rendezvous][unit]") {
