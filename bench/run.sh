@@ -3,7 +3,8 @@
 # side in the same run, and prints a table with ctrun/TCPStore ratios.
 # Raw results (JSON lines) go to bench/results/ (not committed).
 #
-#   bench/run.sh            full run (about 2 minutes)
+#   bench/run.sh            full run (about 6 minutes; torchrun's agent-loss
+#                           runs wait out their 30 s limit)
 #   bench/run.sh --quick    fewer agents and shorter store runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,8 @@ runs=5
 [ "${1:-}" = "--quick" ] && runs=3
 "$python" bench/launcher_bench.py --ctrun "$BUILD_DIR/launcher/ctrun" \
   --runs "$runs" | tee "$out.launch"
+"$python" bench/recovery_bench.py --ctrun "$BUILD_DIR/launcher/ctrun" \
+  --runs "$runs" --give_up 30 | tee "$out.recovery"
 tag() { sed "s/^{/{\"impl\":\"$1\",/"; }
 {
   for n in "${agents[@]}"; do
