@@ -147,16 +147,14 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     temporary = true;
   }
 
-  const std::vector<int> options_signals = options.signals_to_handle;
-  const std::string options_tls_ca = options.tls_ca;
   AgentConfig config;
+  config.store = StoreAccess{endpoint, token, options.tls_ca};
   config.options = std::move(options);
   config.worker_argv = std::move(worker_argv);
   config.env = std::move(env);
   config.hostname = Hostname();
   config.address = plan->address;
   config.connection = *connection;
-  config.store = StoreAccess{endpoint, token, options_tls_ca};
   config.run_dir = run_dir;
   config.watchdog = &*watchdog;
   int code;
@@ -169,11 +167,11 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     if (!server->WaitUntilIdle(absl::ZeroDuration())) {
       std::cerr << "ctrun: keeping the rendezvous at " << endpoint
                 << " up until the other nodes have left\n";
-      const sigset_t stop = AgentSignals(options_signals);
-      timespec tick{0, 100'000'000};
+      // A terminating signal still ends the wait; the others are ignored.
+      const timespec poll{0, 0};
       while (!server->WaitUntilIdle(absl::Milliseconds(100))) {
         siginfo_t info;
-        const int sig = sigtimedwait(&stop, &info, &tick);
+        const int sig = sigtimedwait(&signals, &info, &poll);
         if (sig > 0 && sig != SIGCHLD && sig != SIGUSR1 && sig != SIGUSR2) {
           break;
         }
