@@ -62,6 +62,9 @@ class Agent {
   // it; 1 when the rendezvous was lost.
   int Run();
 
+  // Whether Run ended because of a handled signal (SIGTERM, ...).
+  bool stopped_by_signal() const { return exit_signal_ != 0; }
+
  private:
   struct Worker {
     int local_rank = 0;

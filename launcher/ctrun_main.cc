@@ -158,13 +158,16 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   config.run_dir = run_dir;
   config.watchdog = &*watchdog;
   int code;
+  bool signalled;
   {
     Agent agent(std::move(config));
     code = agent.Run();
+    signalled = agent.stopped_by_signal();
   }
   if (server) {
-    // The other nodes still talk to this rendezvous until they leave.
-    if (!server->WaitUntilIdle(absl::ZeroDuration())) {
+    // The other nodes still talk to this rendezvous until they leave, unless
+    // this node was told to stop: then they lose it (a ctrund avoids that).
+    if (!signalled && !server->WaitUntilIdle(absl::ZeroDuration())) {
       std::cerr << "ctrun: keeping the rendezvous at " << endpoint
                 << " up until the other nodes have left\n";
       // A terminating signal still ends the wait; the others are ignored.
