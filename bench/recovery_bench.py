@@ -79,6 +79,20 @@ def wait_for(predicate, timeout):
     return False
 
 
+def time_recovery(log, kill, workers, give_up):
+    """Kills, then waits until `workers` workers have started again; returns
+    the seconds that took, or None after `give_up`."""
+    killed_at = time.time()
+    kill()
+
+    def restarted():
+        return sorted(s[0] for s in starts(log) if s[0] > killed_at)
+
+    if not wait_for(lambda: len(restarted()) >= workers, give_up):
+        return None
+    return restarted()[workers - 1] - killed_at
+
+
 def stop(procs):
     for p in procs:
         if p.poll() is None:
@@ -132,15 +146,9 @@ def agent_kill(launcher, kind, give_up):
             # Not the hosting agent (node 2 for ctrun, first for torchrun):
             # with an agent-hosted rendezvous, its loss ends the job for
             # both launchers.
-            victim = procs[2]
-            killed_at = time.time()
-            os.killpg(victim.pid, signal.SIGKILL)
-            ok = wait_for(lambda: sum(1 for s in starts(log)
-                                      if s[0] > killed_at) >= 2, give_up)
-            if not ok:
-                return None
-            after = sorted(s[0] for s in starts(log) if s[0] > killed_at)
-            return after[1] - killed_at
+            return time_recovery(
+                log, lambda: os.killpg(procs[2].pid, signal.SIGKILL), 2,
+                give_up)
         finally:
             stop(procs)
 
@@ -156,14 +164,8 @@ def worker_kill(launcher, kind, give_up):
             if not wait_for(lambda: len(starts(log)) >= 4, give_up):
                 return NOT_STARTED
             victim = starts(log)[0][3]
-            killed_at = time.time()
-            os.kill(victim, signal.SIGKILL)
-            ok = wait_for(lambda: sum(1 for s in starts(log)
-                                      if s[0] > killed_at) >= 4, give_up)
-            if not ok:
-                return None
-            after = sorted(s[0] for s in starts(log) if s[0] > killed_at)
-            return after[3] - killed_at
+            return time_recovery(
+                log, lambda: os.kill(victim, signal.SIGKILL), 4, give_up)
         finally:
             stop([proc])
 
