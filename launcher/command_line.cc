@@ -51,10 +51,12 @@ const std::vector<FlagSpec>& Flags() {
       {"rdzv_endpoint", 0, Kind::kValue, "", "HOST[:PORT]",
        "where the rendezvous is served (default port 29400)"},
       {"rdzv_id", 0, Kind::kValue, "none", "ID",
-       "the job's id, shared by all its nodes (generated when none)"},
+       "the job's id, the same on all its nodes (one node: a fresh one when "
+       "none)"},
       {"rdzv_conf", 0, Kind::kValue, "", "KEY=VALUE,...",
        "join_timeout, last_call_timeout, heartbeat_timeout, "
-       "keep_alive_interval (seconds), ..."},
+       "keep_alive_interval (seconds); is_host=0|1; token_file, tls_ca, "
+       "tls_cert, tls_key (paths)"},
       {"standalone", 0, Kind::kBool, "0", "",
        "one node: host the rendezvous in this process on a free loopback "
        "port with a fresh token"},
