@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "ctrun/environment.h"
+#include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
 
 namespace ctrun {
@@ -331,6 +332,46 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     }
     raw[f.name] = v;
   }
+  // Slurm fills what flags and PET_* left at their defaults.
+  auto slurm = ReadSlurmFacts(env);
+  if (!slurm.ok()) return slurm.status();
+  bool slurm_rendezvous = false;
+  if (*slurm) {
+    const SlurmFacts& f = **slurm;
+    auto fill = [&](const char* name, std::string value) {
+      if (raw[name].source == Source::kDefault) {
+        raw[name] = RawValue{std::move(value), Source::kSlurm};
+      }
+    };
+    fill("rdzv_id",
+         absl::StrCat("slurm-", f.job_id, f.in_step() ? "." + f.step_id : ""));
+    // Explicit rendezvous flags always win, as a whole.
+    bool explicit_rendezvous = false;
+    for (const char* name :
+         {"standalone", "rdzv_endpoint", "rdzv_backend", "master_addr"}) {
+      explicit_rendezvous |= raw[name].source != Source::kDefault;
+    }
+    if (f.num_nodes > 1 && !explicit_rendezvous) {
+      if (!f.in_step()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "this is the batch step of a ", f.num_nodes,
+            "-node Slurm allocation, which runs on its first node only; "
+            "start one ctrun per node: srun --ntasks-per-node=1 ctrun ",
+            absl::StrJoin(args, " ")));
+      }
+      slurm_rendezvous = true;
+      fill("nnodes", absl::StrCat(f.num_nodes));
+      fill("rdzv_backend", "c10d");
+      fill("rdzv_endpoint",
+           absl::StrCat(f.nodes.front(), ":", SlurmRendezvousPort(f.job_id)));
+    }
+  }
+  HostFacts host_facts = host;
+  if (*slurm && host.gpu_count == 0 && (*slurm)->gpus_on_node > 0) {
+    host_facts.gpu_count = (*slurm)->gpus_on_node;
+    host_facts.gpu_source = "SLURM_GPUS_ON_NODE";
+  }
+
   if (raw["log_line_prefix_template"].source == Source::kDefault) {
     if (auto it = env.find(env::kLogLinePrefixTemplate); it != env.end()) {
       raw["log_line_prefix_template"] = RawValue{it->second, Source::kEnv};
@@ -393,16 +434,17 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     const auto& v = raw["nproc_per_node"];
     const std::string t = absl::AsciiStrToLower(v.text);
     if (t == "gpu") {
-      if (host.gpu_count == 0) {
+      if (host_facts.gpu_count == 0) {
         return Bad(spec("nproc_per_node"), v,
-                   absl::StrCat("no GPU is visible (", host.gpu_source,
+                   absl::StrCat("no GPU is visible (", host_facts.gpu_source,
                                 "); use a count, cpu or auto"));
       }
-      o.local_world_size = host.gpu_count;
+      o.local_world_size = host_facts.gpu_count;
     } else if (t == "cpu") {
-      o.local_world_size = host.cpu_count;
+      o.local_world_size = host_facts.cpu_count;
     } else if (t == "auto") {
-      o.local_world_size = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+      o.local_world_size = host_facts.gpu_count > 0 ? host_facts.gpu_count
+                                                    : host_facts.cpu_count;
     } else {
       auto n = ToInt(t);
       if (!n || *n < 1 || *n > 65536) {
@@ -600,6 +642,11 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return Bad(spec("rdzv_conf"), raw["rdzv_conf"],
                "tls_cert and tls_key go together");
+  }
+  if (slurm_rendezvous && !o.is_host) {
+    // Slurm's own node identity decides, not IP matching (nodes may share
+    // an address, or have several).
+    o.is_host = (*slurm)->node_id == 0;
   }
   const bool static_multi_node = o.rdzv_backend == "static" && o.max_nodes > 1;
   if (static_multi_node) {

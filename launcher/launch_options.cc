@@ -16,6 +16,8 @@ const char* SourceName(Source source) {
       return "flag";
     case Source::kEnv:
       return "PET_* env";
+    case Source::kSlurm:
+      return "Slurm";
     case Source::kDerived:
       return "derived";
   }

@@ -1,8 +1,8 @@
 // LaunchOptions: everything `ctrun` was asked to do, resolved and validated.
 //
 // Filled by ParseCommandLine (command_line.h) from flags, PET_* environment
-// overrides and defaults, in that order of precedence; each setting
-// remembers where its value came from, for --dry_run.
+// overrides, what Slurm says, and defaults, in that order of precedence; each
+// setting remembers where its value came from, for --dry_run.
 #ifndef CTRUN_LAUNCHER_LAUNCH_OPTIONS_H_
 #define CTRUN_LAUNCHER_LAUNCH_OPTIONS_H_
 
@@ -17,7 +17,7 @@
 namespace ctrun {
 
 // Where a setting's value came from.
-enum class Source { kDefault, kFlag, kEnv, kDerived };
+enum class Source { kDefault, kFlag, kEnv, kSlurm, kDerived };
 const char* SourceName(Source source);
 
 // Which of a worker's streams go to a log file: torchrun's Std (0 none,

@@ -1,0 +1,145 @@
+// Slurm: hostlists, and options resolved from recorded Slurm environments.
+#include "launcher/slurm.h"
+
+#include <catch2/catch.hpp>
+
+#include "launcher/command_line.h"
+
+namespace ctrun {
+namespace {
+
+using Hosts = std::vector<std::string>;
+
+TEST_CASE("Hostlists expand ranges, padding, groups and suffixes",
+          "[slurm][unit]") {
+  CHECK(*ExpandHostlist("node1") == Hosts{"node1"});
+  CHECK(*ExpandHostlist("node[01-04,07]") ==
+        Hosts{"node01", "node02", "node03", "node04", "node07"});
+  CHECK(*ExpandHostlist("gpu-[1-2]-ib") == Hosts{"gpu-1-ib", "gpu-2-ib"});
+  CHECK(*ExpandHostlist("r[1-2]-n[08-09]") ==
+        Hosts{"r1-n08", "r1-n09", "r2-n08", "r2-n09"});
+  CHECK(*ExpandHostlist("a1,b[1-2],c") == Hosts{"a1", "b1", "b2", "c"});
+  CHECK(*ExpandHostlist("n[9-11]") == Hosts{"n9", "n10", "n11"});
+  CHECK(ExpandHostlist("n[0-999999]")->size() == 1000000);
+}
+
+TEST_CASE("Malformed hostlists are refused with the position",
+          "[slurm][unit]") {
+  for (const std::string bad :
+       {"node[1-2", "node1-2]", "node[]", "node[3-1]", "node[a-b]", "a,,b",
+        "node[1-[2]]", "", "n[0-1000000]", "x[0-999],y[0-999]"}) {
+    auto r = ExpandHostlist(bad);
+    INFO(bad);
+    if (bad == "x[0-999],y[0-999]") {
+      CHECK(r.ok());  // 2000 hosts is fine
+      continue;
+    }
+    REQUIRE(absl::IsInvalidArgument(r.status()));
+    CHECK(r.status().message().find("at character") != std::string::npos);
+  }
+}
+
+const HostFacts kCpuHost{"n1", 4, 0, "no NVIDIA device"};
+
+EnvMap TwoNodeStep(int node_id) {
+  return {{"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_JOB_NUM_NODES", "2"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_NODEID", std::to_string(node_id)},
+          {"SLURM_JOB_NODELIST", "n[1-2]"},
+          {"SLURM_STEP_NODELIST", "n[1-2]"}};
+}
+
+TEST_CASE("A step on two nodes needs no rendezvous flags", "[slurm][unit]") {
+  auto first =
+      ParseCommandLine({"--nproc_per_node=2", "t"}, TwoNodeStep(0), kCpuHost);
+  REQUIRE(first.ok());
+  const auto& o = first->options;
+  CHECK(o.min_nodes == 2);
+  CHECK(o.max_nodes == 2);
+  CHECK(o.rdzv_backend == "c10d");
+  CHECK(o.rdzv_endpoint == "n1:" + std::to_string(SlurmRendezvousPort("4242")));
+  CHECK(o.run_id == "slurm-4242.0");
+  CHECK(o.is_host == true);
+  auto second =
+      ParseCommandLine({"--nproc_per_node=2", "t"}, TwoNodeStep(1), kCpuHost);
+  REQUIRE(second.ok());
+  CHECK(second->options.is_host == false);
+  CHECK(second->options.rdzv_endpoint == o.rdzv_endpoint);
+  const std::string plan = FormatLaunchPlan(o, {"t"});
+  CHECK(plan.find("Slurm") != std::string::npos);
+}
+
+TEST_CASE("Explicit rendezvous flags win over Slurm", "[slurm][unit]") {
+  auto c =
+      ParseCommandLine({"--rdzv_backend=c10d", "--nnodes=2",
+                        "--rdzv_endpoint=head:5000", "--rdzv_id=mine", "t"},
+                       TwoNodeStep(1), kCpuHost);
+  REQUIRE(c.ok());
+  CHECK(c->options.rdzv_endpoint == "head:5000");
+  CHECK(c->options.run_id == "mine");
+  CHECK_FALSE(c->options.is_host.has_value());
+}
+
+TEST_CASE("The batch step of a multi-node allocation shows the srun line",
+          "[slurm][unit]") {
+  EnvMap env = TwoNodeStep(0);
+  env.erase("SLURM_STEP_ID");
+  auto c = ParseCommandLine({"--nproc_per_node=gpu", "train.py", "--lr=1"}, env,
+                            kCpuHost);
+  REQUIRE(absl::IsInvalidArgument(c.status()));
+  CHECK(c.status().message().find(
+            "srun --ntasks-per-node=1 ctrun --nproc_per_node=gpu train.py "
+            "--lr=1") != std::string::npos);
+}
+
+TEST_CASE("A one-node allocation runs like a standalone launch",
+          "[slurm][unit]") {
+  EnvMap env = {{"SLURM_JOB_ID", "77"},
+                {"SLURM_JOB_NUM_NODES", "1"},
+                {"SLURM_NODEID", "0"},
+                {"SLURM_JOB_NODELIST", "n1"},
+                {"SLURM_GPUS_ON_NODE", "2"}};
+  auto c = ParseCommandLine({"--nproc_per_node=gpu", "t"}, env, kCpuHost);
+  REQUIRE(c.ok());
+  CHECK(c->options.max_nodes == 1);
+  CHECK(c->options.rdzv_endpoint.empty());
+  CHECK(c->options.run_id == "slurm-77");
+  CHECK(c->options.local_world_size == 2);  // from SLURM_GPUS_ON_NODE
+}
+
+TEST_CASE("Inconsistent Slurm environments are refused by name",
+          "[slurm][unit]") {
+  EnvMap missing = TwoNodeStep(0);
+  missing.erase("SLURM_NODEID");
+  auto a = ParseCommandLine({"t"}, missing, kCpuHost);
+  REQUIRE(absl::IsInvalidArgument(a.status()));
+  CHECK(a.status().message().find("SLURM_NODEID is not set") !=
+        std::string::npos);
+
+  EnvMap short_list = TwoNodeStep(0);
+  short_list["SLURM_STEP_NODELIST"] = "n1";
+  auto b = ParseCommandLine({"t"}, short_list, kCpuHost);
+  REQUIRE(absl::IsInvalidArgument(b.status()));
+  CHECK(b.status().message().find("names 1 nodes") != std::string::npos);
+
+  EnvMap bad_list = TwoNodeStep(0);
+  bad_list["SLURM_STEP_NODELIST"] = "n[1-";
+  CHECK(absl::IsInvalidArgument(
+      ParseCommandLine({"t"}, bad_list, kCpuHost).status()));
+}
+
+TEST_CASE("Slurm ports are derived from the job id below the ephemeral range",
+          "[slurm][unit]") {
+  CHECK(SlurmRendezvousPort("4242") == SlurmRendezvousPort("4242"));
+  CHECK(SlurmRendezvousPort("4242") != SlurmRendezvousPort("4243"));
+  for (const char* id : {"1", "999999", "12345_7", "abc"}) {
+    const int port = SlurmRendezvousPort(id);
+    CHECK(port >= 20000);
+    CHECK(port < 32000);
+  }
+}
+
+}  // namespace
+}  // namespace ctrun
