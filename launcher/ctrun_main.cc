@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "ctrun/environment.h"
 #include "launcher/agent.h"
 #include "launcher/command_line.h"
 #include "launcher/host_facts.h"
@@ -83,6 +84,9 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
           kUsageError);
     }
     token = *read;
+  } else if (auto it = env.find(env::kRendezvousToken);
+             it != env.end() && !it->second.empty()) {
+    token = it->second;
   } else if (plan->host && plan->endpoint.port == 0) {
     token = GenerateToken();  // nobody else needs to know it
   }

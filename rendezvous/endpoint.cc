@@ -1,6 +1,8 @@
 #include "rendezvous/endpoint.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 
 #include <charconv>
 
@@ -86,6 +88,31 @@ bool IsLoopbackHost(absl::string_view host) {
     return (ntohl(addr.s_addr) >> 24) == 127;
   }
   return false;
+}
+
+bool ResolvesToLoopbackOnly(absl::string_view host) {
+  if (IsLoopbackHost(host)) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (getaddrinfo(std::string(host).c_str(), nullptr, &hints, &result) != 0) {
+    return false;
+  }
+  bool any = false, all_loopback = true;
+  for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
+    any = true;
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      all_loopback &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      all_loopback &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    } else {
+      all_loopback = false;
+    }
+  }
+  freeaddrinfo(result);
+  return any && all_loopback;
 }
 
 }  // namespace ctrun

@@ -24,7 +24,13 @@ absl::StatusOr<Endpoint> ParseEndpoint(
     absl::string_view text, std::optional<int> default_port = std::nullopt);
 
 // Whether `host` names this machine's loopback: localhost, 127.0.0.0/8, ::1.
+// Looks at the text only.
 bool IsLoopbackHost(absl::string_view host);
+
+// Whether every address `host` resolves to is a loopback address (a name
+// mapped to 127.0.0.1, as emulated cluster nodes are). False when it does
+// not resolve.
+bool ResolvesToLoopbackOnly(absl::string_view host);
 
 }  // namespace ctrun
 

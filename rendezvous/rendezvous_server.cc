@@ -286,7 +286,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 }  // namespace
 
 absl::Status Impl::Start() {
-  if (options_.token.empty() && !IsLoopbackHost(options_.listen.host)) {
+  if (options_.token.empty() && !ResolvesToLoopbackOnly(options_.listen.host)) {
     return absl::FailedPreconditionError(
         absl::StrCat("listening on ", options_.listen.ToString(),
                      " reaches beyond loopback, so a token is required "

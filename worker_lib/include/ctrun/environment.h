@@ -44,6 +44,9 @@ inline constexpr char kStoreTlsCa[] = "CTRUN_STORE_TLS_CA";
 inline constexpr char kNodeAddress[] = "CTRUN_NODE_ADDRESS";
 
 // Read by the launcher.
+// The rendezvous token when no --rdzv_conf token_file is given (e.g. set once
+// in an sbatch script, so that every srun task shares it).
+inline constexpr char kRendezvousToken[] = "CTRUN_RDZV_TOKEN";
 inline constexpr char kPetPrefix[] = "PET_";  // PET_<FLAG>: flag overrides
 inline constexpr char kPythonExec[] = "PYTHON_EXEC";
 inline constexpr char kLogLinePrefixTemplate[] =
