@@ -361,6 +361,8 @@ absl::StatusOr<CommandLine> ParseCommandLine(
       }
       slurm_rendezvous = true;
       fill("nnodes", absl::StrCat(f.num_nodes));
+      // Group ranks follow Slurm's node order, not the order of arrival.
+      fill("node_rank", absl::StrCat(f.node_id));
       fill("rdzv_backend", "c10d");
       fill("rdzv_endpoint",
            absl::StrCat(f.nodes.front(), ":", SlurmRendezvousPort(f.job_id)));
@@ -677,8 +679,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(
       raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
     }
   } else {
-    // torchrun's c10d ignores --node_rank; ranks come from the rendezvous.
-    o.node_rank = -1;
+    // torchrun's c10d ignores --node_rank; ranks come from the rendezvous,
+    // which orders nodes by the hint that Slurm's node id gives.
+    if (raw["node_rank"].source != Source::kSlurm) o.node_rank = -1;
     if (o.max_nodes > 1 && o.rdzv_endpoint.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--nnodes=", raw["nnodes"].text,

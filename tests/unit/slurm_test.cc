@@ -62,10 +62,12 @@ TEST_CASE("A step on two nodes needs no rendezvous flags", "[slurm][unit]") {
   CHECK(o.rdzv_endpoint == "n1:" + std::to_string(SlurmRendezvousPort("4242")));
   CHECK(o.run_id == "slurm-4242.0");
   CHECK(o.is_host == true);
+  CHECK(o.node_rank == 0);  // group ranks in Slurm's node order
   auto second =
       ParseCommandLine({"--nproc_per_node=2", "t"}, TwoNodeStep(1), kCpuHost);
   REQUIRE(second.ok());
   CHECK(second->options.is_host == false);
+  CHECK(second->options.node_rank == 1);
   CHECK(second->options.rdzv_endpoint == o.rdzv_endpoint);
   const std::string plan = FormatLaunchPlan(o, {"t"});
   CHECK(plan.find("Slurm") != std::string::npos);
@@ -80,6 +82,7 @@ TEST_CASE("Explicit rendezvous flags win over Slurm", "[slurm][unit]") {
   CHECK(c->options.rdzv_endpoint == "head:5000");
   CHECK(c->options.run_id == "mine");
   CHECK_FALSE(c->options.is_host.has_value());
+  CHECK(c->options.node_rank == -1);
 }
 
 TEST_CASE("The batch step of a multi-node allocation shows the srun line",

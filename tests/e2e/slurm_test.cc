@@ -1,0 +1,176 @@
+// ctrun inside a real Slurm (Debian's slurmctld/slurmd with munge, two nodes
+// emulated on this machine): `srun ctrun` with no rendezvous flags, a
+// PyTorch job, the batch step, exit codes and signals.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/support/daemon.h"
+#include "tests/support/slurm_cluster.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kJobTime = absl::Seconds(120);
+
+std::string Worker() { return SourceDir() + "/tests/e2e/slurm_worker.sh"; }
+
+// A batch script: #SBATCH lines from `sbatch_options`, then `body`.
+std::string Script(const std::vector<std::string>& sbatch_options,
+                   const std::string& body) {
+  std::string s = "#!/bin/sh\n";
+  for (const auto& o : sbatch_options) absl::StrAppend(&s, "#SBATCH ", o, "\n");
+  return absl::StrCat(s, body, "\n");
+}
+
+std::string OutDir(const SlurmCluster& cluster, const std::string& name) {
+  const std::string dir = cluster.work_dir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::map<std::string, std::string> ReadEnvFile(const std::string& path) {
+  std::map<std::string, std::string> env;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+bool WaitForFiles(const std::vector<std::string>& paths,
+                  absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const auto& p : paths) {
+    while (!std::filesystem::exists(p)) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  return true;
+}
+
+TEST_CASE(
+    "srun ctrun with nproc_per_node=gpu runs a worker per GPU on two nodes",
+    "[slurm][e2e]") {
+  SlurmCluster cluster;
+  const std::string out = OutDir(cluster, "env");
+  auto job = cluster.Submit(
+      "gpus", Script({"-N 2", "--gpus-per-node=2", "-t 5"},
+                     absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
+                                  " --nproc_per_node=gpu --no_python ",
+                                  Worker(), " env ", out)));
+  const auto code = cluster.Wait(job, kJobTime);
+  INFO(cluster.Output(job));
+  REQUIRE(code == 0);
+
+  std::set<int> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto env = ReadEnvFile(absl::StrCat(out, "/env.", r));
+    INFO("rank " << r);
+    REQUIRE(env.count("RANK"));
+    ranks.insert(std::stoi(env["RANK"]));
+    CHECK(env["WORLD_SIZE"] == "4");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "2");
+    CHECK(env["GROUP_WORLD_SIZE"] == "2");
+    // The node that Slurm numbers 0 is group rank 0, and holds ranks 0-1.
+    CHECK(env["GROUP_RANK"] == env["SLURM_NODEID"]);
+    CHECK(env["GROUP_RANK"] == (r < 2 ? "0" : "1"));
+    CHECK(env["SLURMD_NODENAME"] == (r < 2 ? "ctn1" : "ctn2"));
+    CHECK(env["LOCAL_RANK"] == std::to_string(r % 2));
+    CHECK(env["TORCHELASTIC_RUN_ID"] == absl::StrCat("slurm-", job.id, ".0"));
+    CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("A single-node PyTorch DDP job trains under srun ctrun",
+          "[slurm][e2e]") {
+  SlurmCluster cluster;
+  auto job = cluster.Submit(
+      "ddp",
+      Script({"-N 1", "-t 5"},
+             absl::StrCat("export PYTHON_EXEC=/usr/bin/python3\nsrun ",
+                          CtrunPath(), " --nproc_per_node=2 ", SourceDir(),
+                          "/examples/ddp_train.py --steps 40")));
+  const auto code = cluster.Wait(job, absl::Seconds(240));
+  const std::string output = cluster.Output(job);
+  INFO(output);
+  REQUIRE(code == 0);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(output.find(absl::StrCat("rank=", r, " world=2 restart=0")) !=
+          std::string::npos);
+  }
+  CHECK(output.find("final step=40") != std::string::npos);
+}
+
+TEST_CASE(
+    "ctrun in the batch step of a two-node allocation shows the srun line",
+    "[slurm][e2e]") {
+  SlurmCluster cluster;
+  const std::string out = OutDir(cluster, "batch");
+  auto job = cluster.Submit(
+      "batch",
+      Script({"-N 2", "-t 5"},
+             absl::StrCat(CtrunPath(), " --nproc_per_node=1 --no_python ",
+                          Worker(), " env ", out)));
+  const auto code = cluster.Wait(job, kJobTime);
+  const std::string output = cluster.Output(job);
+  INFO(output);
+  CHECK(code == 2);
+  CHECK(output.find("srun --ntasks-per-node=1 ") != std::string::npos);
+  // Never a silent single-node run.
+  CHECK(std::filesystem::is_empty(out));
+}
+
+TEST_CASE("A failing worker's exit code is the Slurm job's exit code",
+          "[slurm][e2e]") {
+  SlurmCluster cluster;
+  const std::string out = OutDir(cluster, "fail");
+  auto job = cluster.Submit(
+      "fail", Script({"-N 2", "-t 5"},
+                     absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
+                                  " --nproc_per_node=2 --no_python ", Worker(),
+                                  " fail ", out, " 3 7")));
+  const auto code = cluster.Wait(job, kJobTime);
+  const std::string output = cluster.Output(job);
+  INFO(output);
+  CHECK(code == 7);
+  CHECK(output.find("exitcode   : 7") != std::string::npos);
+}
+
+TEST_CASE("SIGUSR1 sent through Slurm reaches every worker once",
+          "[slurm][e2e]") {
+  SlurmCluster cluster;
+  const std::string out = OutDir(cluster, "usr1");
+  auto job = cluster.Submit(
+      "usr1", Script({"-N 2", "-t 5"},
+                     absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
+                                  " --nproc_per_node=2 --no_python ", Worker(),
+                                  " usr1 ", out)));
+  std::vector<std::string> ready;
+  for (int r = 0; r < 4; ++r) ready.push_back(absl::StrCat(out, "/ready.", r));
+  INFO(cluster.Output(job));
+  REQUIRE(WaitForFiles(ready, kJobTime));
+  cluster.Command({"/usr/bin/scancel", "--signal=USR1", job.id});
+  const auto code = cluster.Wait(job, kJobTime);
+  INFO(cluster.Output(job));
+  CHECK(code == 0);
+  for (int r = 0; r < 4; ++r) {
+    std::ifstream in(absl::StrCat(out, "/usr1.", r));
+    int count = 0;
+    in >> count;
+    INFO("rank " << r);
+    CHECK(count == 1);
+  }
+}
+
+}  // namespace
+}  // namespace ctrun::testing

@@ -1,0 +1,33 @@
+#!/bin/sh
+# A worker for the Slurm tests, run by ctrun with --no_python.
+#
+#   slurm_worker.sh env DIR          writes its environment to DIR/env.RANK
+#   slurm_worker.sh fail DIR R CODE  rank R exits CODE; the others wait to be
+#                                    stopped
+#   slurm_worker.sh usr1 DIR         writes DIR/ready.RANK, then counts the
+#                                    SIGUSR1s it receives into DIR/usr1.RANK;
+#                                    exits 0 one second after the first
+set -u
+mode=$1 dir=$2
+case $mode in
+  env)
+    env > "$dir/env.$RANK"
+    ;;
+  fail)
+    [ "$RANK" = "$3" ] && exit "$4"
+    exec sleep 120
+    ;;
+  usr1)
+    count=0
+    trap 'count=$((count + 1)); echo $count > "$dir/usr1.$RANK"' USR1
+    touch "$dir/ready.$RANK"
+    while [ "$count" -eq 0 ]; do sleep 0.1; done
+    # Room for a second delivery, which would be a bug.
+    i=0
+    while [ $i -lt 10 ]; do sleep 0.1; i=$((i + 1)); done
+    ;;
+  *)
+    echo "slurm_worker.sh: unknown mode $mode" >&2
+    exit 2
+    ;;
+esac
