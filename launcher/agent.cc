@@ -157,7 +157,8 @@ void Agent::Poll(absl::Time now) {
         if (info.ssi_signo == SIGCHLD) {
           ReapChildren();
         } else {
-          OnSignal(static_cast<int>(info.ssi_signo));
+          OnSignal(static_cast<int>(info.ssi_signo),
+                   static_cast<pid_t>(info.ssi_pid));
         }
       }
     } else {
@@ -497,8 +498,13 @@ void Agent::StartWorkers(const v1::Assignment& a) {
   Report(v1::WorkerReport::RUNNING);
 }
 
-void Agent::OnSignal(int signal) {
+void Agent::OnSignal(int signal, pid_t sender) {
+  // Under Slurm, slurmstepd signals every process of the step: forwarding
+  // would deliver it to the workers twice.
+  const bool delivered =
+      config_.options.parent_signals_workers && sender == getppid();
   if (signal == SIGUSR1 || signal == SIGUSR2) {
+    if (delivered) return;
     for (const auto& w : workers_) {
       if (w.alive) kill(-w.pid, signal);
     }
@@ -518,15 +524,15 @@ void Agent::OnSignal(int signal) {
                    " workers (SIGKILL after ",
                    absl::FormatDuration(config_.options.shutdown_timeout),
                    ")"));
-  StopWorkers(signal);
+  StopWorkers(signal, /*send=*/!delivered);
 }
 
-void Agent::StopWorkers(int signal) {
+void Agent::StopWorkers(int signal, bool send) {
   stopping_ = true;
   bool any = false;
   for (const auto& w : workers_) {
     if (!w.alive) continue;
-    kill(-w.pid, signal);
+    if (send) kill(-w.pid, signal);
     any = true;
   }
   if (any && kill_deadline_ == absl::InfiniteFuture() &&

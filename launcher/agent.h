@@ -95,10 +95,13 @@ class Agent {
 
   // Workers.
   void StartWorkers(const v1::Assignment& assignment);
-  void OnSignal(int signal);
+  // `sender`: the pid that sent it (signalfd's ssi_pid).
+  void OnSignal(int signal, pid_t sender);
   void ReapChildren();
   void OnWorkerExit(Worker& worker, int status);
-  void StopWorkers(int signal);
+  // Sends `signal` to every live worker's group unless `send` is false (it
+  // reached them already), and arms the SIGKILL deadline.
+  void StopWorkers(int signal, bool send = true);
   bool AnyAlive() const;
   void ReadOutput(int fd);
   // Reads what the workers' pipes hold now, then closes them all.

@@ -336,6 +336,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   auto slurm = ReadSlurmFacts(env);
   if (!slurm.ok()) return slurm.status();
   bool slurm_rendezvous = false;
+  bool parent_signals_workers = false;
   if (*slurm) {
     const SlurmFacts& f = **slurm;
     auto fill = [&](const char* name, std::string value) {
@@ -367,6 +368,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(
       fill("rdzv_endpoint",
            absl::StrCat(f.nodes.front(), ":", SlurmRendezvousPort(f.job_id)));
     }
+  }
+  if (*slurm && (*slurm)->in_step()) {
+    parent_signals_workers = SlurmSignalsWholeStep(env);
   }
   HostFacts host_facts = host;
   if (*slurm && host.gpu_count == 0 && (*slurm)->gpus_on_node > 0) {
@@ -650,6 +654,15 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     // an address, or have several).
     o.is_host = (*slurm)->node_id == 0;
   }
+  const auto env_token = env.find(env::kRendezvousToken);
+  if (slurm_rendezvous && o.token_file.empty() &&
+      (env_token == env.end() || env_token->second.empty())) {
+    // Slurm's own authentication: nothing for the user to set up, no
+    // secret to hand around.
+    o.munge_auth = true;
+    o.munge_socket = MungeSocketFor(env);
+  }
+  o.parent_signals_workers = parent_signals_workers;
   const bool static_multi_node = o.rdzv_backend == "static" && o.max_nodes > 1;
   if (static_multi_node) {
     // Every node knows the master from its flags; node 0 hosts the

@@ -90,6 +90,22 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   } else if (plan->host && plan->endpoint.port == 0) {
     token = GenerateToken();  // nobody else needs to know it
   }
+  std::optional<MungeAuth> munge;
+  if (options.munge_auth) {
+    munge = MungeAuth{options.munge_socket, options.run_id};
+    // Checked before anything starts, so that a node without munge says so
+    // at once rather than as a refusal from the rendezvous.
+    if (auto probe = MungeEncode(munge->socket, MungePayload(munge->job_id));
+        !probe.ok()) {
+      return Fail(absl::StrCat("the Slurm rendezvous authenticates with "
+                               "munge, which fails here: ",
+                               probe.status().message(),
+                               "; or give every node the same token "
+                               "(--rdzv_conf token_file=FILE or ",
+                               env::kRendezvousToken, ")"),
+                  kUsageError);
+    }
+  }
 
   // The hosting agent serves the rendezvous in-process and talks to it
   // through the ordinary client, like every other agent.
@@ -98,6 +114,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
     ServerOptions server_options;
     server_options.listen = plan->endpoint;
     server_options.token = token;
+    server_options.munge = munge;
     if (!options.tls_cert.empty()) {
       server_options.tls =
           TlsServerFiles{options.tls_cert, options.tls_key, ""};
@@ -119,6 +136,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   ConnectionOptions connection_options;
   connection_options.endpoint = endpoint;
   connection_options.token = token;
+  connection_options.munge = munge;
   connection_options.tls_ca_file = options.tls_ca;
   auto connection = Connection::Open(connection_options);
   if (!connection.ok()) {
@@ -152,7 +170,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   }
 
   AgentConfig config;
-  config.store = StoreAccess{endpoint, token, options.tls_ca};
+  config.store = StoreAccess{endpoint, token, munge, options.tls_ca};
   config.options = std::move(options);
   config.worker_argv = std::move(worker_argv);
   config.env = std::move(env);

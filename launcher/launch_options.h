@@ -49,6 +49,14 @@ struct LaunchOptions {
   // or decide by whether the endpoint names this node (nullopt).
   std::optional<bool> is_host;
   std::string token_file;  // --rdzv_conf token_file
+  // Under Slurm without a token: agents and workers authenticate with munge
+  // credentials through this socket (empty: munge's default).
+  bool munge_auth = false;
+  std::string munge_socket;
+  // In a Slurm step whose signals reach every process: a signal from the
+  // parent (slurmstepd) has reached the workers already, so it is not
+  // forwarded again.
+  bool parent_signals_workers = false;
   // --rdzv_conf tls_ca (to verify the rendezvous), tls_cert and tls_key
   // (to serve it, on the hosting node).
   std::string tls_ca, tls_cert, tls_key;

@@ -1,8 +1,13 @@
 #include "launcher/slurm.h"
 
+#include <fstream>
+
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "ctrun/environment.h"
 
 namespace ctrun {
 namespace {
@@ -177,6 +182,43 @@ absl::StatusOr<std::optional<SlurmFacts>> ReadSlurmFacts(const EnvMap& env) {
     f.gpus_on_node = gpus;
   }
   return f;
+}
+
+std::string SlurmConfValue(const EnvMap& env, absl::string_view key) {
+  std::string conf = Get(env, "SLURM_CONF");
+  if (conf.empty()) conf = "/etc/slurm/slurm.conf";
+  std::ifstream in(conf);
+  for (std::string line; std::getline(in, line);) {
+    absl::string_view l = line;
+    l = l.substr(0, l.find('#'));
+    const size_t eq = l.find('=');
+    if (eq == absl::string_view::npos ||
+        !absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(l.substr(0, eq)),
+                                key)) {
+      continue;
+    }
+    absl::string_view value = absl::StripAsciiWhitespace(l.substr(eq + 1));
+    absl::ConsumePrefix(&value, "\"");
+    absl::ConsumeSuffix(&value, "\"");
+    return std::string(value);
+  }
+  return "";
+}
+
+std::string MungeSocketFor(const EnvMap& env) {
+  if (std::string s = Get(env, env::kMungeSocket); !s.empty()) return s;
+  for (absl::string_view option :
+       absl::StrSplit(SlurmConfValue(env, "AuthInfo"), ',')) {
+    option = absl::StripAsciiWhitespace(option);
+    if (absl::ConsumePrefix(&option, "socket=")) return std::string(option);
+  }
+  return "";
+}
+
+bool SlurmSignalsWholeStep(const EnvMap& env) {
+  // proctrack/cgroup (the default) and proctrack/linuxproc signal every
+  // process of the step; proctrack/pgid only the task's process group.
+  return SlurmConfValue(env, "ProctrackType") != "proctrack/pgid";
 }
 
 int SlurmRendezvousPort(const std::string& job_id) {

@@ -36,6 +36,20 @@ struct SlurmFacts {
 // naming the variable, when what Slurm set is missing or inconsistent.
 absl::StatusOr<std::optional<SlurmFacts>> ReadSlurmFacts(const EnvMap& env);
 
+// The value of `key` (case-insensitive) in slurm.conf ($SLURM_CONF, else
+// /etc/slurm/slurm.conf), unquoted; empty when absent or unreadable.
+std::string SlurmConfValue(const EnvMap& env, absl::string_view key);
+
+// Whether a signal that Slurm sends a step (scancel --signal, preemption)
+// reaches every process of it, the workers included, by the step's process
+// tracking.
+bool SlurmSignalsWholeStep(const EnvMap& env);
+
+// The socket of the munged that this node's Slurm uses, for munge.h:
+// $CTRUN_MUNGE_SOCKET, else socket= in the AuthInfo of slurm.conf
+// ($SLURM_CONF, else /etc/slurm/slurm.conf), else empty (munge's default).
+std::string MungeSocketFor(const EnvMap& env);
+
 // The rendezvous port of a Slurm job: derived from its id, below Linux's
 // ephemeral range, so that concurrent jobs on a node rarely meet.
 int SlurmRendezvousPort(const std::string& job_id);

@@ -37,6 +37,11 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
   e[env::kStoreJob] = a.job_id();
   e[env::kStoreRound] = absl::StrCat(a.round());
   if (!store.token.empty()) e[env::kStoreToken] = store.token;
+  if (store.munge) {
+    e[env::kStoreAuth] = "munge";
+    if (!store.munge->socket.empty())
+      e[env::kMungeSocket] = store.munge->socket;
+  }
   if (!store.tls_ca.empty()) e[env::kStoreTlsCa] = store.tls_ca;
   e[env::kNodeAddress] = node_address;
   return e;

@@ -3,11 +3,13 @@
 #ifndef CTRUN_LAUNCHER_WORKER_ENV_H_
 #define CTRUN_LAUNCHER_WORKER_ENV_H_
 
+#include <optional>
 #include <string>
 
 #include "ctrun/v1/rendezvous.pb.h"
 #include "launcher/command_line.h"
 #include "launcher/launch_options.h"
+#include "rendezvous/munge.h"
 
 namespace ctrun {
 
@@ -15,7 +17,8 @@ namespace ctrun {
 struct StoreAccess {
   std::string endpoint;
   std::string token;
-  std::string tls_ca;  // a file; empty without TLS
+  std::optional<MungeAuth> munge;  // instead of a token
+  std::string tls_ca;              // a file; empty without TLS
 };
 
 // `node_address`: where this node's workers listen for their peers.

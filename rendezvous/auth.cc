@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace ctrun {
 
@@ -49,6 +50,15 @@ std::string GenerateToken() {
 
 std::string BearerValue(absl::string_view token) {
   return absl::StrCat("Bearer ", token);
+}
+
+std::string MungeValue(absl::string_view credential) {
+  return absl::StrCat("Munge ", credential);
+}
+
+std::optional<std::string> MungeCredentialIn(absl::string_view received) {
+  if (!absl::ConsumePrefix(&received, "Munge ")) return std::nullopt;
+  return std::string(received);
 }
 
 bool BearerMatches(absl::string_view received, absl::string_view token) {

@@ -1,10 +1,12 @@
-// The shared-secret token that guards the rendezvous service.
+// What guards the rendezvous service: a shared-secret token, or munge
+// credentials (munge.h).
 //
-// Clients send it as gRPC metadata "authorization: Bearer <token>"; the
-// service compares it in constant time.
+// Clients send either as gRPC metadata: "authorization: Bearer <token>",
+// compared in constant time, or "authorization: Munge <credential>".
 #ifndef CTRUN_RENDEZVOUS_AUTH_H_
 #define CTRUN_RENDEZVOUS_AUTH_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -25,6 +27,11 @@ std::string GenerateToken();
 
 // "Bearer <token>".
 std::string BearerValue(absl::string_view token);
+
+// "Munge <credential>" (munge.h), and the credential in such a value, or
+// nullopt when `received` is not one.
+std::string MungeValue(absl::string_view credential);
+std::optional<std::string> MungeCredentialIn(absl::string_view received);
 
 // Constant-time comparison of a received metadata value with the expected
 // "Bearer <token>".

@@ -53,14 +53,29 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   Connection c;
   c.endpoint_ = endpoint->ToString();
   c.token_ = options.token;
+  if (options.munge && options.token.empty()) {
+    // Fails here, with munge's reason, rather than on every call.
+    auto probe =
+        MungeEncode(options.munge->socket, MungePayload(options.munge->job_id));
+    if (!probe.ok()) return probe.status();
+    c.munge_ = options.munge;
+  }
   c.channel_ = grpc::CreateCustomChannel(c.endpoint_, credentials, args);
   return c;
 }
 
 void Connection::Prepare(grpc::ClientContext* context,
                          absl::Duration timeout) const {
-  if (!token_.empty())
+  if (!token_.empty()) {
     context->AddMetadata(kAuthMetadataKey, BearerValue(token_));
+  } else if (munge_) {
+    // Without one the service answers UNAUTHENTICATED, which says why.
+    if (auto credential =
+            MungeEncode(munge_->socket, MungePayload(munge_->job_id));
+        credential.ok()) {
+      context->AddMetadata(kAuthMetadataKey, MungeValue(*credential));
+    }
+  }
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }

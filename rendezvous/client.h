@@ -23,12 +23,16 @@
 #include "ctrun/v1/admin.grpc.pb.h"
 #include "ctrun/v1/rendezvous.grpc.pb.h"
 #include "ctrun/v1/store.grpc.pb.h"
+#include "rendezvous/munge.h"
 
 namespace ctrun {
 
 struct ConnectionOptions {
   std::string endpoint;  // HOST:PORT
   std::string token;     // sent with every call when non-empty
+  // When set (and no token), every call carries a fresh munge credential
+  // for the job.
+  std::optional<MungeAuth> munge;
   // When set, the channel speaks TLS and trusts these PEM roots.
   std::string tls_ca_file;
   // Overrides the name checked against the server's certificate.
@@ -42,11 +46,13 @@ struct ConnectionOptions {
 // to share between threads.
 class Connection {
  public:
-  // INVALID_ARGUMENT for a malformed endpoint or unreadable CA file. Does not
+  // INVALID_ARGUMENT for a malformed endpoint or unreadable CA file;
+  // UNAVAILABLE when munge is asked for and does not work here. Does not
   // connect: the first call does.
   static absl::StatusOr<Connection> Open(const ConnectionOptions& options);
 
-  // Adds the token and, unless `timeout` is infinite, a deadline.
+  // Adds the token or a munge credential and, unless `timeout` is infinite,
+  // a deadline.
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
@@ -56,6 +62,7 @@ class Connection {
   std::shared_ptr<grpc::Channel> channel_;
   std::string endpoint_;
   std::string token_;
+  std::optional<MungeAuth> munge_;
 };
 
 // The store of one job and round, over one stream that carries the

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <deque>
@@ -56,9 +57,11 @@ class RendezvousServer::Impl {
   void Shutdown();
   const Endpoint& endpoint() const { return bound_; }
 
-  // UNAUTHENTICATED (and a log line) unless the call carries the token.
+  // UNAUTHENTICATED or PERMISSION_DENIED (and a log line) unless the call
+  // carries the token or an acceptable munge credential.
   absl::Status Authorize(grpc::CallbackServerContext* ctx,
                          const char* method) const;
+  absl::Status CheckMunge(const std::string& credential) const;
 
   // Sessions.
   std::shared_ptr<SessionReactor> NewSession(grpc::CallbackServerContext* ctx);
@@ -286,7 +289,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 }  // namespace
 
 absl::Status Impl::Start() {
-  if (options_.token.empty() && !ResolvesToLoopbackOnly(options_.listen.host)) {
+  if (options_.token.empty() && !options_.munge &&
+      !ResolvesToLoopbackOnly(options_.listen.host)) {
     return absl::FailedPreconditionError(
         absl::StrCat("listening on ", options_.listen.ToString(),
                      " reaches beyond loopback, so a token is required "
@@ -342,21 +346,56 @@ void Impl::Shutdown() {
 
 absl::Status Impl::Authorize(grpc::CallbackServerContext* ctx,
                              const char* method) const {
-  if (options_.token.empty()) return absl::OkStatus();
+  if (options_.token.empty() && !options_.munge) return absl::OkStatus();
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find(kAuthMetadataKey);
   const bool present = it != metadata.end();
-  if (present &&
-      BearerMatches(absl::string_view(it->second.data(), it->second.size()),
-                    options_.token)) {
+  const absl::string_view value =
+      present ? absl::string_view(it->second.data(), it->second.size())
+              : absl::string_view();
+  if (!options_.token.empty() && present &&
+      BearerMatches(value, options_.token)) {
     return absl::OkStatus();
   }
-  spdlog::warn("refused {} from {}: {} token", method, ctx->peer(),
-               present ? "wrong" : "missing");
-  return absl::UnauthenticatedError(
-      present ? "wrong rendezvous token"
-              : "missing rendezvous token (give the token file the service "
-                "was started with)");
+  absl::Status refused;
+  if (auto credential = MungeCredentialIn(value);
+      options_.munge && credential) {
+    refused = CheckMunge(*credential);
+    if (refused.ok()) return refused;
+  } else if (!present) {
+    refused = absl::UnauthenticatedError(
+        options_.token.empty()
+            ? "missing munge credential (this rendezvous authenticates "
+              "with munge)"
+            : "missing rendezvous token (give the token file the service "
+              "was started with)");
+  } else {
+    refused = absl::UnauthenticatedError(options_.token.empty()
+                                             ? "expected a munge credential"
+                                             : "wrong rendezvous token");
+  }
+  spdlog::warn("refused {} from {}: {}", method, ctx->peer(),
+               std::string(refused.message()));
+  return refused;
+}
+
+absl::Status Impl::CheckMunge(const std::string& credential) const {
+  auto id = MungeDecode(options_.munge->socket, credential);
+  if (!id.ok()) {
+    // The caller's failure or munged's, but never a way in.
+    return absl::UnauthenticatedError(id.status().message());
+  }
+  if (id->uid != getuid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("munge credential of uid ", id->uid,
+                     "; this rendezvous serves uid ", getuid()));
+  }
+  if (id->payload != MungePayload(options_.munge->job_id)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "munge credential for another job; this rendezvous serves job '",
+        options_.munge->job_id, "'"));
+  }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<SessionReactor> Impl::NewSession(

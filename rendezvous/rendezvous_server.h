@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/munge.h"
 #include "rendezvous/rendezvous_core.h"
 
 namespace ctrun {
@@ -32,8 +33,12 @@ struct ServerOptions {
   // Port 0 picks a free port; endpoint() tells which.
   Endpoint listen{"127.0.0.1", 0};
   // When non-empty, every RPC must carry it (auth.h); otherwise refused with
-  // UNAUTHENTICATED. Start refuses an empty token on a non-loopback address.
+  // UNAUTHENTICATED. Start refuses an empty token on a non-loopback address
+  // unless `munge` is set.
   std::string token;
+  // When set, RPCs may instead carry a munge credential of this process's
+  // uid for munge->job_id (munge.h).
+  std::optional<MungeAuth> munge;
   // When set, the service speaks TLS.
   std::optional<TlsServerFiles> tls;
   RendezvousLimits limits;

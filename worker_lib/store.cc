@@ -22,6 +22,9 @@ absl::StatusOr<std::unique_ptr<WorkerStore>> WorkerStore::Connect(
   ConnectionOptions options;
   options.endpoint = identity.store_endpoint;
   options.token = identity.store_token;
+  if (identity.store_munge) {
+    options.munge = MungeAuth{identity.munge_socket, identity.store_job};
+  }
   options.tls_ca_file = identity.store_tls_ca;
   auto connection = Connection::Open(options);
   if (!connection.ok()) return connection.status();

@@ -110,6 +110,13 @@ absl::StatusOr<WorkerIdentity> WorkerIdentity::FromEnvironment(const Env& env) {
     }
   }
   id.store_token = Text(env, env::kStoreToken);
+  const std::string auth = Text(env, env::kStoreAuth);
+  if (!auth.empty() && auth != "munge") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        env::kStoreAuth, "=", auth, " is not 'munge', the only one known"));
+  }
+  id.store_munge = auth == "munge";
+  id.munge_socket = Text(env, env::kMungeSocket);
   id.store_tls_ca = Text(env, env::kStoreTlsCa);
   id.node_address = Text(env, env::kNodeAddress);
   if (id.node_address.empty()) id.node_address = "127.0.0.1";

@@ -63,13 +63,19 @@ TEST_CASE(
   SlurmCluster cluster;
   const std::string out = OutDir(cluster, "env");
   auto job = cluster.Submit(
-      "gpus", Script({"-N 2", "--gpus-per-node=2", "-t 5"},
-                     absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
-                                  " --nproc_per_node=gpu --no_python ",
-                                  Worker(), " env ", out)));
+      "gpus",
+      Script({"-N 2", "--gpus-per-node=2", "-t 5"},
+             absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
+                          " --nproc_per_node=gpu --no_python ", Worker(),
+                          " env ", out, " ", WorkerProbePath(), " store")));
   const auto code = cluster.Wait(job, kJobTime);
-  INFO(cluster.Output(job));
+  const std::string output = cluster.Output(job);
+  INFO(output);
   REQUIRE(code == 0);
+  // worker_lib's store works, authenticated by munge like the agents.
+  for (int r = 0; r < 4; ++r) {
+    CHECK(output.find(absl::StrCat("ok store rank=", r)) != std::string::npos);
+  }
 
   std::set<int> ranks;
   for (int r = 0; r < 4; ++r) {
@@ -87,6 +93,8 @@ TEST_CASE(
     CHECK(env["LOCAL_RANK"] == std::to_string(r % 2));
     CHECK(env["TORCHELASTIC_RUN_ID"] == absl::StrCat("slurm-", job.id, ".0"));
     CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(env["CTRUN_STORE_AUTH"] == "munge");
+    CHECK(env.count("CTRUN_STORE_TOKEN") == 0);
   }
   CHECK(ranks == std::set<int>{0, 1, 2, 3});
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # A worker for the Slurm tests, run by ctrun with --no_python.
 #
-#   slurm_worker.sh env DIR          writes its environment to DIR/env.RANK
+#   slurm_worker.sh env DIR [CMD...] writes its environment to DIR/env.RANK,
+#                                    then runs CMD
 #   slurm_worker.sh fail DIR R CODE  rank R exits CODE; the others wait to be
 #                                    stopped
 #   slurm_worker.sh usr1 DIR         writes DIR/ready.RANK, then counts the
@@ -12,6 +13,8 @@ mode=$1 dir=$2
 case $mode in
   env)
     env > "$dir/env.$RANK"
+    shift 2
+    [ $# -eq 0 ] || exec "$@"
     ;;
   fail)
     [ "$RANK" = "$3" ] && exit "$4"

@@ -186,7 +186,7 @@ TEST_CASE("Wrong or missing tokens are refused and logged",
   auto& d = daemon.process();
   CHECK(d.StderrContains("refused ListJobs", kWait));
   CHECK(d.StderrContains("refused Store", kWait));
-  CHECK(d.StderrContains("missing token", kWait));
+  CHECK(d.StderrContains("missing rendezvous token", kWait));
   CHECK(d.StderrContains("refused Session", kWait));
   CHECK(d.Stderr().find("s3cret") == std::string::npos);
   unlink(token_file.c_str());

@@ -11,12 +11,15 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/slurm.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
+#include "tests/support/munged.h"
 
 namespace ctrun::testing {
 namespace {
@@ -344,6 +347,82 @@ TEST_CASE("A join timeout with a node missing says who joined",
   const std::string err = a->Stderr();
   CHECK(err.find("1 of at least 2 nodes") != std::string::npos);
   CHECK(err.find("joined: [") != std::string::npos);
+}
+
+// A Slurm step's environment for node `node_id` of two (127.0.0.2 and
+// 127.0.0.3), without Slurm's daemons: munge is what is tested here.
+std::vector<std::string> FakeSlurmStep(const std::string& job_id, int node_id,
+                                       const std::string& munge_socket) {
+  return {"SLURM_JOB_ID=" + job_id,
+          "SLURM_STEP_ID=0",
+          "SLURM_JOB_NUM_NODES=2",
+          "SLURM_STEP_NUM_NODES=2",
+          "SLURM_JOB_NODELIST=127.0.0.2,127.0.0.3",
+          "SLURM_STEP_NODELIST=127.0.0.2,127.0.0.3",
+          absl::StrCat("SLURM_NODEID=", node_id),
+          "SLURM_CONF=/nonexistent/slurm.conf",
+          "CTRUN_MUNGE_SOCKET=" + munge_socket};
+}
+
+std::unique_ptr<ChildProcess> SlurmNode(const std::string& job_id, int node_id,
+                                        const std::string& munge_socket) {
+  return std::make_unique<ChildProcess>(
+      std::vector<std::string>{
+          CtrunPath(), absl::StrCat("--local_addr=127.0.0.", node_id + 2),
+          "--nproc_per_node=2", WorkerProbePath(), "store"},
+      FakeSlurmStep(job_id, node_id, munge_socket));
+}
+
+TEST_CASE("Under Slurm agents and workers authenticate with munge",
+          "[multinode][integration]") {
+  Munged munged;
+  const std::string job =
+      std::to_string(500000 + std::random_device()() % 100000);
+  auto host = SlurmNode(job, 0, munged.socket());
+  // The hosting agent's service, once up, refuses calls without a
+  // credential, and credentials made for another job.
+  const std::string endpoint =
+      absl::StrCat("127.0.0.2:", SlurmRendezvousPort(job));
+  auto admin = [&](std::optional<MungeAuth> munge) {
+    ConnectionOptions options;
+    options.endpoint = endpoint;
+    options.munge = munge;
+    auto connection = Connection::Open(options);
+    REQUIRE(connection.ok());
+    return AdminClient(*connection).ListJobs().status();
+  };
+  absl::Status anonymous = absl::UnavailableError("");
+  for (int i = 0; i < 100 && absl::IsUnavailable(anonymous); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    anonymous = admin(std::nullopt);
+  }
+  CHECK(absl::IsUnauthenticated(anonymous));
+  CHECK(anonymous.message().find("missing munge credential") !=
+        std::string::npos);
+  const absl::Status other_job = admin(MungeAuth{munged.socket(), "slurm-1.0"});
+  CHECK(absl::IsPermissionDenied(other_job));
+  CHECK(other_job.message().find("another job") != std::string::npos);
+
+  auto second = SlurmNode(job, 1, munged.socket());
+  const std::string out = host->ReadAll(kWait) + second->ReadAll(kWait);
+  INFO(out << host->Stderr() << second->Stderr());
+  CHECK(host->Wait(kWait) == 0);
+  CHECK(second->Wait(kWait) == 0);
+  // The workers' store calls carried munge credentials too.
+  std::regex ok("ok store rank=[0-3]");
+  CHECK(std::distance(std::sregex_iterator(out.begin(), out.end(), ok),
+                      std::sregex_iterator()) == 4);
+}
+
+TEST_CASE("Under Slurm a node without munge stops at once and says so",
+          "[multinode][integration]") {
+  ChildProcess node({CtrunPath(), "--local_addr=127.0.0.2",
+                     "--nproc_per_node=1", "/bin/true"},
+                    FakeSlurmStep("4242", 0, "/nonexistent/munge.socket"));
+  CHECK(node.Wait(kWait) == 2);
+  CHECK(node.Stderr().find("authenticates with munge") != std::string::npos);
+  CHECK(node.Stderr().find("/nonexistent/munge.socket") != std::string::npos);
+  CHECK(node.Stderr().find("CTRUN_RDZV_TOKEN") != std::string::npos);
 }
 
 }  // namespace

@@ -98,11 +98,7 @@ SlurmCluster::SlurmCluster() {
   INFO("the fake GPUs are /dev/tty1 and /dev/tty2");
   REQUIRE((access("/dev/tty1", F_OK) == 0 && access("/dev/tty2", F_OK) == 0));
 
-  std::string munge_dir = "/tmp/ctrun-munge-XXXXXX";
-  REQUIRE(mkdtemp(munge_dir.data()) != nullptr);
-  munge_dir_ = munge_dir;
-  chmod(munge_dir_.c_str(), 0755);
-  munge_socket_ = munge_dir_ + "/munge.socket";
+  munged_ = std::make_unique<Munged>();
   std::string work = fs::temp_directory_path() / "ctrun-slurm-XXXXXX";
   REQUIRE(mkdtemp(work.data()) != nullptr);
   work_dir_ = work;
@@ -110,31 +106,18 @@ SlurmCluster::SlurmCluster() {
   conf_path_ = work_dir_ + "/slurm.conf";
   hosts_marker_ = absl::StrCat("# ctrun-test ", work_dir_);
 
-  std::random_device random;
-  std::string key(1024, '\0');
-  for (char& c : key) c = static_cast<char>(random());
-  WriteFile(munge_dir_ + "/munge.key", key, 0400);
-  munged_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-      "/usr/sbin/munged", "--foreground", "--force", "--key-file",
-      munge_dir_ + "/munge.key", "--socket", munge_socket_, "--pid-file",
-      munge_dir_ + "/munged.pid", "--log-file", munge_dir_ + "/munged.log",
-      "--seed-file", munge_dir_ + "/munged.seed"});
-  for (int i = 0; i < 100 && access(munge_socket_.c_str(), F_OK) != 0; ++i)
-    absl::SleepFor(absl::Milliseconds(50));
-  INFO("munged: " << munged_->Stderr() << ReadFile(munge_dir_ + "/munged.log"));
-  REQUIRE(access(munge_socket_.c_str(), F_OK) == 0);
-
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::vector<int> ports = FreePorts(3);
-  const int first_job_id = 1000 + static_cast<int>(random() % 50000);
+  const int first_job_id =
+      1000 + static_cast<int>(std::random_device()() % 50000);
   std::string conf = absl::StrCat(
       "ClusterName=ctrun-test\n",                    //
       "SlurmctldHost=", host, "(127.0.0.1)\n",       //
       "SlurmctldPort=", ports[0], "\n",              //
       "SlurmUser=root\nSlurmdUser=root\n",           //
       "AuthType=auth/munge\nCredType=cred/munge\n",  //
-      "AuthInfo=socket=", munge_socket_, "\n",       //
+      "AuthInfo=socket=", munged_->socket(), "\n",   //
       "StateSaveLocation=", work_dir_, "/state\n",   //
       "SlurmdSpoolDir=", work_dir_, "/spool-%n\n",   //
       "SlurmctldPidFile=", work_dir_, "/slurmctld.pid\n",
@@ -174,15 +157,22 @@ SlurmCluster::SlurmCluster() {
                          "/", log, " 2>&1")},
         Env());
   };
-  slurmctld_ = daemon("/usr/sbin/slurmctld -D -i", "slurmctld.out");
-  for (int n : {1, 2}) {
-    slurmds_.push_back(daemon(absl::StrCat("/usr/sbin/slurmd -D -N ctn", n),
-                              absl::StrCat("slurmd-ctn", n, ".out")));
+  try {
+    slurmctld_ = daemon("/usr/sbin/slurmctld -D -i", "slurmctld.out");
+    for (int n : {1, 2}) {
+      slurmds_.push_back(daemon(absl::StrCat("/usr/sbin/slurmd -D -N ctn", n),
+                                absl::StrCat("slurmd-ctn", n, ".out")));
+    }
+    WaitForIdleNodes();
+  } catch (...) {  // a failed REQUIRE: no destructor will run
+    TearDown();
+    throw;
   }
-  WaitForIdleNodes();
 }
 
-SlurmCluster::~SlurmCluster() {
+SlurmCluster::~SlurmCluster() { TearDown(); }
+
+void SlurmCluster::TearDown() {
   // Jobs first: steps outlive a stopped slurmd.
   if (auto jobs = Run({"/usr/bin/squeue", "-h", "-o", "%i"}, Env())) {
     for (absl::string_view id :
@@ -200,10 +190,8 @@ SlurmCluster::~SlurmCluster() {
   for (auto& slurmd : slurmds_) Stop(slurmd, absl::Seconds(10));
   Stop(slurmctld_, absl::Seconds(10));
   KillLeftovers();
-  Stop(munged_, absl::Seconds(5));
+  munged_.reset();
   RemoveHostsLines(hosts_marker_);
-  std::error_code ignored;
-  fs::remove_all(munge_dir_, ignored);
 }
 
 std::vector<std::string> SlurmCluster::Env() const {

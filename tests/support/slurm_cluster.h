@@ -17,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "tests/support/child_process.h"
+#include "tests/support/munged.h"
 
 namespace ctrun::testing {
 
@@ -35,7 +36,6 @@ class SlurmCluster {
   // Environment for Slurm's commands and for jobs: SLURM_CONF. (slurm.conf
   // names the private munge socket in AuthInfo.)
   std::vector<std::string> Env() const;
-  const std::string& munge_socket() const { return munge_socket_; }
   // Where job output and files written by the tests' workers go.
   const std::string& work_dir() const { return work_dir_; }
 
@@ -58,14 +58,13 @@ class SlurmCluster {
 
  private:
   void WaitForIdleNodes();
+  void TearDown();
   void KillLeftovers() const;
 
-  std::string munge_dir_;  // world-traversable, under /tmp (munged insists)
-  std::string munge_socket_;
   std::string work_dir_;
   std::string conf_path_;
   std::string hosts_marker_;
-  std::unique_ptr<ChildProcess> munged_;
+  std::unique_ptr<Munged> munged_;
   std::unique_ptr<ChildProcess> slurmctld_;
   std::vector<std::unique_ptr<ChildProcess>> slurmds_;
 };

@@ -276,8 +276,8 @@ TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
   o.role = "trainer";
   const EnvMap agent = {{"PATH", "/usr/bin"}, {"OMP_NUM_THREADS", "8"}};
   EnvMap e = WorkerEnvironment(o, MakeAssignment(), 2, agent,
-                               {"127.0.0.1:9", "tok", ""}, "10.1.1.2",
-                               "/logs/error.json");
+                               {"127.0.0.1:9", "tok", std::nullopt, ""},
+                               "10.1.1.2", "/logs/error.json");
   CHECK(e["RANK"] == "6");
   CHECK(e["LOCAL_RANK"] == "2");
   CHECK(e["GROUP_RANK"] == "1");
@@ -302,6 +302,19 @@ TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
   CHECK(e[env::kStoreRound] == "2");
   CHECK(e[env::kStoreToken] == "tok");
   CHECK(e[env::kNodeAddress] == "10.1.1.2");
+  CHECK_FALSE(e.contains(env::kStoreAuth));
+}
+
+TEST_CASE("Workers of a munge-authenticated job are told to use munge",
+          "[launcher][unit]") {
+  LaunchOptions o;
+  o.local_world_size = 1;
+  EnvMap e = WorkerEnvironment(
+      o, MakeAssignment(), 0, {},
+      {"127.0.0.1:9", "", MungeAuth{"/run/m.sock", "job9"}, ""}, "", "");
+  CHECK(e[env::kStoreAuth] == "munge");
+  CHECK(e[env::kMungeSocket] == "/run/m.sock");
+  CHECK_FALSE(e.contains(env::kStoreToken));
 }
 
 TEST_CASE("OMP_NUM_THREADS is 1 only when several workers share the node",

@@ -2,6 +2,8 @@
 #include "launcher/slurm.h"
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
 #include "launcher/command_line.h"
 
@@ -71,6 +73,57 @@ TEST_CASE("A step on two nodes needs no rendezvous flags", "[slurm][unit]") {
   CHECK(second->options.rdzv_endpoint == o.rdzv_endpoint);
   const std::string plan = FormatLaunchPlan(o, {"t"});
   CHECK(plan.find("Slurm") != std::string::npos);
+  // Authenticated by Slurm's munge unless the user brings a token.
+  CHECK(o.munge_auth);
+  CHECK(plan.find("rendezvous authentication: munge") != std::string::npos);
+  EnvMap with_token = TwoNodeStep(1);
+  with_token["CTRUN_RDZV_TOKEN"] = "secret";
+  auto tokened =
+      ParseCommandLine({"--nproc_per_node=2", "t"}, with_token, kCpuHost);
+  REQUIRE(tokened.ok());
+  CHECK_FALSE(tokened->options.munge_auth);
+  auto token_file = ParseCommandLine({"--rdzv_conf=token_file=/etc/tok", "t"},
+                                     TwoNodeStep(1), kCpuHost);
+  REQUIRE(token_file.ok());
+  CHECK_FALSE(token_file->options.munge_auth);
+}
+
+TEST_CASE("The munge socket comes from the environment or slurm.conf",
+          "[slurm][unit]") {
+  const std::string conf =
+      std::filesystem::temp_directory_path() / "ctrun-slurm-conf-test";
+  std::ofstream(conf) << "# AuthInfo=socket=/commented\n"
+                         "ClusterName=c\n"
+                         "authinfo = \"cred_expire=70,socket=/run/x.sock\"\n";
+  CHECK(MungeSocketFor({{"SLURM_CONF", conf}}) == "/run/x.sock");
+  CHECK(MungeSocketFor({{"SLURM_CONF", conf},
+                        {"CTRUN_MUNGE_SOCKET", "/run/mine"}}) == "/run/mine");
+  std::ofstream(conf) << "AuthType=auth/munge\n";
+  CHECK(MungeSocketFor({{"SLURM_CONF", conf}}).empty());  // munge's default
+  std::filesystem::remove(conf);
+  CHECK(MungeSocketFor({{"SLURM_CONF", "/nonexistent/slurm.conf"}}).empty());
+}
+
+TEST_CASE("Signals from slurmstepd are not forwarded twice", "[slurm][unit]") {
+  const std::string conf =
+      std::filesystem::temp_directory_path() / "ctrun-slurm-proctrack-test";
+  auto parse = [&](EnvMap env) {
+    env["SLURM_CONF"] = conf;
+    auto c = ParseCommandLine({"--nproc_per_node=2", "t"}, env, kCpuHost);
+    REQUIRE(c.ok());
+    return c->options.parent_signals_workers;
+  };
+  // Slurm's default process tracking (cgroup) signals the whole step.
+  std::ofstream(conf) << "ClusterName=c\n";
+  CHECK(parse(TwoNodeStep(0)));
+  std::ofstream(conf) << "ProctrackType=proctrack/linuxproc\n";
+  CHECK(parse(TwoNodeStep(0)));
+  // proctrack/pgid signals only ctrun's process group: ctrun forwards.
+  std::ofstream(conf) << "ProctrackType=proctrack/pgid\n";
+  CHECK_FALSE(parse(TwoNodeStep(0)));
+  std::filesystem::remove(conf);
+  // Outside a step (the batch script, or no Slurm) ctrun always forwards.
+  CHECK_FALSE(parse({}));
 }
 
 TEST_CASE("Explicit rendezvous flags win over Slurm", "[slurm][unit]") {

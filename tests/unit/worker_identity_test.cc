@@ -44,6 +44,14 @@ TEST_CASE("Worker identity is read from the launcher's environment",
   CHECK(id->has_store());
   CHECK(id->store_round == 3);
   CHECK(id->node_address == "10.0.0.2");
+  CHECK_FALSE(id->store_munge);
+  auto env = Launched();
+  env["CTRUN_STORE_AUTH"] = "munge";
+  env["CTRUN_MUNGE_SOCKET"] = "/run/m.sock";
+  auto munge = WorkerIdentity::FromEnvironment(env);
+  REQUIRE(munge.ok());
+  CHECK(munge->store_munge);
+  CHECK(munge->munge_socket == "/run/m.sock");
 }
 
 TEST_CASE("Outside a launch the identity says which variable is missing",
@@ -63,7 +71,8 @@ TEST_CASE("Malformed or inconsistent identities are refused by name",
            {"RANK", "x", "RANK=x is not an integer"},
            {"LOCAL_RANK", "4", "LOCAL_RANK=4"},
            {"MASTER_PORT", "0", "MASTER_PORT=0"},
-           {"CTRUN_STORE_ROUND", "-1", "CTRUN_STORE_ROUND=-1"}}) {
+           {"CTRUN_STORE_ROUND", "-1", "CTRUN_STORE_ROUND=-1"},
+           {"CTRUN_STORE_AUTH", "kerberos", "CTRUN_STORE_AUTH=kerberos"}}) {
     auto env = Launched();
     env[name] = value;
     auto id = WorkerIdentity::FromEnvironment(env);

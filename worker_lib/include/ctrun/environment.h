@@ -37,6 +37,10 @@ inline constexpr char kStoreEndpoint[] = "CTRUN_STORE_ENDPOINT";
 inline constexpr char kStoreJob[] = "CTRUN_STORE_JOB";
 inline constexpr char kStoreRound[] = "CTRUN_STORE_ROUND";
 inline constexpr char kStoreToken[] = "CTRUN_STORE_TOKEN";
+// "munge" when the store takes munge credentials (Slurm) instead of a token;
+// CTRUN_MUNGE_SOCKET then names munged's socket unless it is the default.
+inline constexpr char kStoreAuth[] = "CTRUN_STORE_AUTH";
+inline constexpr char kMungeSocket[] = "CTRUN_MUNGE_SOCKET";
 // PEM roots that verify the store's TLS certificate, when it serves TLS.
 inline constexpr char kStoreTlsCa[] = "CTRUN_STORE_TLS_CA";
 // The address this node is reached by (its agent's advertised address):

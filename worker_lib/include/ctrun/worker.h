@@ -31,6 +31,8 @@ struct WorkerIdentity {
   std::string store_job;
   int64_t store_round = 0;
   std::string store_token;
+  bool store_munge = false;  // authenticate with munge, not a token
+  std::string munge_socket;  // empty: munge's default
   std::string store_tls_ca;
   std::string node_address;
 
