@@ -21,6 +21,7 @@
 #include "launcher/watchdog.h"
 #include "launcher/worker_command.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/grpc_log.h"
 #include "rendezvous/rendezvous_server.h"
 
 extern char** environ;
@@ -71,6 +72,7 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   logger->set_pattern("ctrun: %v");
   logger->set_level(spdlog::level::off);
   spdlog::set_default_logger(logger);
+  RouteGrpcLogsToSpdlog();
 
   auto plan = PlanRendezvous(options, Hostname());
   if (!plan.ok())

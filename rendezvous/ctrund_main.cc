@@ -18,6 +18,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/grpc_log.h"
 #include "rendezvous/rendezvous_server.h"
 #include "rendezvous/status_report.h"
 
@@ -110,6 +111,7 @@ int RunDaemon(const DaemonFlags& flags) {
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [ctrund] [%l] %v");
   logger->set_level(level);
   spdlog::set_default_logger(logger);
+  RouteGrpcLogsToSpdlog();
   RaiseFileLimit();
 
   // Signals are taken by sigwait below, never by a handler; blocked before

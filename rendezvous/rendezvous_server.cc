@@ -307,6 +307,9 @@ absl::Status Impl::Start() {
   int port = 0;
   builder.AddListeningPort(options_.listen.ToString(), *credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
+  // gRPC sets SO_REUSEPORT by default, so a second service on a port in use
+  // would start and take half of the first one's connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // A dead peer's connection is noticed by TCP itself; these pings find
   // connections that vanished without a reset (a partitioned host).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);

@@ -5,10 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tests/support/daemon.h"
@@ -99,15 +101,34 @@ TEST_CASE(
   CHECK(ranks == std::set<int>{0, 1, 2, 3});
 }
 
-TEST_CASE("A single-node PyTorch DDP job trains under srun ctrun",
-          "[slurm][e2e]") {
+// One of the sbatch examples in scripts/slurm/, its srun line running this
+// build's ctrun and the PyTorch DDP example instead of "ctrun" and
+// "train.py".
+std::string ExampleScript(const std::string& name) {
+  std::ifstream in(SourceDir() + "/scripts/slurm/" + name);
+  REQUIRE(in);
+  std::string script;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("srun ", 0) == 0) {
+      line = absl::StrReplaceAll(
+          line, {{" ctrun ", absl::StrCat(" ", CtrunPath(), " ")},
+                 {" train.py ",
+                  absl::StrCat(" ", SourceDir(), "/examples/ddp_train.py ")}});
+    }
+    absl::StrAppend(&script, line, "\n");
+  }
+  return script;
+}
+
+// What the examples ask for, scaled to this machine's emulated nodes.
+const std::vector<std::string> kSmallNodes = {"--gpus-per-node=2",
+                                              "--cpus-per-task=1", "-t", "5"};
+const std::vector<std::string> kPython = {"PYTHON_EXEC=/usr/bin/python3"};
+
+TEST_CASE("The single-node sbatch example trains PyTorch DDP", "[slurm][e2e]") {
   SlurmCluster cluster;
-  auto job = cluster.Submit(
-      "ddp",
-      Script({"-N 1", "-t 5"},
-             absl::StrCat("export PYTHON_EXEC=/usr/bin/python3\nsrun ",
-                          CtrunPath(), " --nproc_per_node=2 ", SourceDir(),
-                          "/examples/ddp_train.py --steps 40")));
+  auto job = cluster.Submit("single", ExampleScript("single-node.sbatch"),
+                            kPython, kSmallNodes);
   const auto code = cluster.Wait(job, absl::Seconds(240));
   const std::string output = cluster.Output(job);
   INFO(output);
@@ -116,7 +137,28 @@ TEST_CASE("A single-node PyTorch DDP job trains under srun ctrun",
     CHECK(output.find(absl::StrCat("rank=", r, " world=2 restart=0")) !=
           std::string::npos);
   }
-  CHECK(output.find("final step=40") != std::string::npos);
+}
+
+TEST_CASE("The multi-node sbatch example trains PyTorch DDP on two nodes",
+          "[slurm][e2e]") {
+  SlurmCluster cluster;
+  auto job = cluster.Submit("multi", ExampleScript("multi-node.sbatch"),
+                            kPython, kSmallNodes);
+  const auto code = cluster.Wait(job, absl::Seconds(240));
+  const std::string output = cluster.Output(job);
+  INFO(output);
+  REQUIRE(code == 0);
+  std::set<std::string> digests;
+  const std::regex final_line(
+      "final step=[0-9]+ loss=[0-9.]+ params_sha256=([0-9a-f]{64}) rank=[0-3] "
+      "world=4 restart=0");
+  int finals = 0;
+  for (std::sregex_iterator it(output.begin(), output.end(), final_line), end;
+       it != end; ++it, ++finals) {
+    digests.insert((*it)[1]);
+  }
+  CHECK(finals == 4);
+  CHECK(digests.size() == 1);  // every rank holds the same parameters
 }
 
 TEST_CASE(

@@ -354,6 +354,16 @@ TEST_CASE("ctrund refuses bad flags with one line and exit code 2",
   }
 }
 
+TEST_CASE("A second ctrund on a port in use fails with one line",
+          "[ctrund][integration]") {
+  Daemon first;
+  ChildProcess second({CtrundPath(), "--listen", first.endpoint()});
+  CHECK(second.Wait(kWait) == 1);
+  const std::string err = second.Stderr();
+  CHECK(err.find("cannot listen on " + first.endpoint()) != std::string::npos);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+}
+
 TEST_CASE("ctrund without a token refuses to listen beyond loopback",
           "[ctrund][integration]") {
   ChildProcess p({CtrundPath(), "--listen", "0.0.0.0:0"});

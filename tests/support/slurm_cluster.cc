@@ -200,16 +200,18 @@ std::vector<std::string> SlurmCluster::Env() const {
 
 SlurmCluster::Job SlurmCluster::Submit(const std::string& name,
                                        const std::string& script,
-                                       std::vector<std::string> env) {
+                                       std::vector<std::string> env,
+                                       std::vector<std::string> sbatch_args) {
   const std::string path = absl::StrCat(work_dir_, "/", name, ".sh");
   WriteFile(path, script, 0755);
   for (auto& e : Env()) env.push_back(e);
   Job job;
-  job.sbatch = std::make_unique<ChildProcess>(
-      std::vector<std::string>{"/usr/bin/sbatch", "--wait", "--parsable", "-o",
-                               absl::StrCat(work_dir_, "/", name, "-%j.out"),
-                               path},
-      env);
+  std::vector<std::string> argv = {
+      "/usr/bin/sbatch", "--wait", "--parsable", "-o",
+      absl::StrCat(work_dir_, "/", name, "-%j.out")};
+  argv.insert(argv.end(), sbatch_args.begin(), sbatch_args.end());
+  argv.push_back(path);
+  job.sbatch = std::make_unique<ChildProcess>(argv, env);
   auto line = job.sbatch->ReadLine(absl::Seconds(30));
   INFO("sbatch: " << job.sbatch->Stderr());
   REQUIRE(line);

@@ -45,9 +45,12 @@ class SlurmCluster {
     std::string output_path;               // the batch step's stdout+stderr
   };
   // Submits `script` (a shell script with #SBATCH lines) with
-  // `sbatch --wait`; fails the current test when sbatch refuses it.
+  // `sbatch --wait` plus `sbatch_args` (which win over #SBATCH lines), and
+  // `env` added to the job's environment; fails the current test when
+  // sbatch refuses it.
   Job Submit(const std::string& name, const std::string& script,
-             std::vector<std::string> env = {});
+             std::vector<std::string> env = {},
+             std::vector<std::string> sbatch_args = {});
   // Waits for the job to end: its exit code (sbatch's), or nullopt.
   std::optional<int> Wait(Job& job, absl::Duration timeout);
   std::string Output(const Job& job) const;
