@@ -196,30 +196,49 @@ TEST_CASE("A failing worker's exit code is the Slurm job's exit code",
   CHECK(output.find("exitcode   : 7") != std::string::npos);
 }
 
-TEST_CASE("SIGUSR1 sent through Slurm reaches every worker once",
-          "[slurm][e2e]") {
+// Starts a two-node job whose workers count `signal` (USR1, TERM), waits
+// until all four run, and has `scancel` send it with `scancel_args`.
+// Returns the job's exit code and checks each worker saw it exactly once.
+std::optional<int> SignalJob(const std::string& signal,
+                             const std::vector<std::string>& scancel_args) {
   SlurmCluster cluster;
-  const std::string out = OutDir(cluster, "usr1");
+  const std::string out = OutDir(cluster, "signal");
   auto job = cluster.Submit(
-      "usr1", Script({"-N 2", "-t 5"},
-                     absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
-                                  " --nproc_per_node=2 --no_python ", Worker(),
-                                  " usr1 ", out)));
+      "signal", Script({"-N 2", "-t 5"},
+                       absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
+                                    " --nproc_per_node=2 --no_python ",
+                                    Worker(), " signal ", out, " ", signal)));
   std::vector<std::string> ready;
   for (int r = 0; r < 4; ++r) ready.push_back(absl::StrCat(out, "/ready.", r));
   INFO(cluster.Output(job));
   REQUIRE(WaitForFiles(ready, kJobTime));
-  cluster.Command({"/usr/bin/scancel", "--signal=USR1", job.id});
+  std::vector<std::string> scancel = {"/usr/bin/scancel"};
+  scancel.insert(scancel.end(), scancel_args.begin(), scancel_args.end());
+  scancel.push_back(job.id);
+  cluster.Command(scancel);
   const auto code = cluster.Wait(job, kJobTime);
   INFO(cluster.Output(job));
-  CHECK(code == 0);
   for (int r = 0; r < 4; ++r) {
-    std::ifstream in(absl::StrCat(out, "/usr1.", r));
+    std::ifstream in(absl::StrCat(out, "/", signal, ".", r));
     int count = 0;
     in >> count;
     INFO("rank " << r);
     CHECK(count == 1);
   }
+  return code;
+}
+
+TEST_CASE("SIGUSR1 sent through Slurm reaches every worker once",
+          "[slurm][e2e]") {
+  // The workers carry on, and the job succeeds.
+  CHECK(SignalJob("USR1", {"--signal=USR1"}) == 0);
+}
+
+TEST_CASE("Cancelling the job gives every worker SIGTERM once",
+          "[slurm][e2e]") {
+  // Slurm ends the step (SIGTERM, then SIGKILL after KillWait); the workers
+  // had their chance to save their state.
+  CHECK(SignalJob("TERM", {}) != 0);
 }
 
 }  // namespace

@@ -5,9 +5,10 @@
 #                                    then runs CMD
 #   slurm_worker.sh fail DIR R CODE  rank R exits CODE; the others wait to be
 #                                    stopped
-#   slurm_worker.sh usr1 DIR         writes DIR/ready.RANK, then counts the
-#                                    SIGUSR1s it receives into DIR/usr1.RANK;
-#                                    exits 0 one second after the first
+#   slurm_worker.sh signal DIR SIG   writes DIR/ready.RANK, then counts the
+#                                    SIGs (USR1, TERM) it receives into
+#                                    DIR/SIG.RANK; exits 0 one second after
+#                                    the first
 set -u
 mode=$1 dir=$2
 case $mode in
@@ -20,9 +21,9 @@ case $mode in
     [ "$RANK" = "$3" ] && exit "$4"
     exec sleep 120
     ;;
-  usr1)
+  signal)
     count=0
-    trap 'count=$((count + 1)); echo $count > "$dir/usr1.$RANK"' USR1
+    trap 'count=$((count + 1)); echo $count > "$dir/$3.$RANK"' "$3"
     touch "$dir/ready.$RANK"
     while [ "$count" -eq 0 ]; do sleep 0.1; done
     # Room for a second delivery, which would be a bug.
