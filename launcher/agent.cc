@@ -287,6 +287,8 @@ void Agent::OnServerMessage(const v1::ServerMessage& m) {
       StartWorkers(m.assignment());
       return;
     case v1::ServerMessage::kRestartRequired: {
+      // Stopping for good: the other nodes restart without this one.
+      if (exit_signal_ || job_failed_) return;
       const auto& r = m.restart_required();
       Say(absl::StrCat("restarting the workers (round ", r.round(),
                        ", restarts used ", r.restart_count(), "/",
@@ -528,6 +530,10 @@ void Agent::OnSignal(int signal, pid_t sender) {
 }
 
 void Agent::StopWorkers(int signal, bool send) {
+  // Workers asked to stop are not asked again (a node lost while a signal
+  // stops them, say): a second signal can cut short the handler that saves
+  // their state. The SIGKILL deadline stands.
+  if (stopping_) send = false;
   stopping_ = true;
   bool any = false;
   for (const auto& w : workers_) {

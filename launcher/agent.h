@@ -100,7 +100,8 @@ class Agent {
   void ReapChildren();
   void OnWorkerExit(Worker& worker, int status);
   // Sends `signal` to every live worker's group unless `send` is false (it
-  // reached them already), and arms the SIGKILL deadline.
+  // reached them already) or they are being stopped already, and arms the
+  // SIGKILL deadline.
   void StopWorkers(int signal, bool send = true);
   bool AnyAlive() const;
   void ReadOutput(int fd);

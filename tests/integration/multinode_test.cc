@@ -187,6 +187,46 @@ TEST_CASE("Killing one agent restarts the survivors with a smaller world",
   std::filesystem::remove(done);
 }
 
+TEST_CASE("Agents stopped by a signal one after another ask each worker once",
+          "[multinode][integration]") {
+  Daemon daemon;
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-term-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> flags = {
+      "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+      "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=term"};
+  // Each worker takes a second to save its state after SIGTERM.
+  const std::string worker =
+      absl::StrCat("exec ", SourceDir(),
+                   "/tests/support/shell_worker.sh signal ", dir, " TERM");
+  auto a = Node(2, flags, worker);
+  auto b = Node(3, flags, worker);
+  for (int r = 0; r < 4; ++r) {
+    const std::string ready = absl::StrCat(dir, "/ready.", r);
+    for (int i = 0; i < 600 && !std::filesystem::exists(ready); ++i)
+      absl::SleepFor(absl::Milliseconds(50));
+    REQUIRE(std::filesystem::exists(ready));
+  }
+  // a's node leaves while b's workers are still saving: b must not restart
+  // them or signal them again.
+  a->Signal(SIGTERM);
+  absl::SleepFor(absl::Milliseconds(300));
+  b->Signal(SIGTERM);
+  CHECK(a->Wait(kWait) == 128 + SIGTERM);
+  CHECK(b->Wait(kWait) == 128 + SIGTERM);
+  INFO(a->Stderr() << b->Stderr());
+  CHECK(b->Stderr().find("restarting") == std::string::npos);
+  for (int r = 0; r < 4; ++r) {
+    std::ifstream in(absl::StrCat(dir, "/TERM.", r));
+    int count = 0;
+    in >> count;
+    INFO("rank " << r);
+    CHECK(count == 1);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A node that joins a running job with room is admitted",
           "[multinode][integration]") {
   Daemon daemon;

@@ -1,11 +1,12 @@
 #!/bin/sh
-# A worker for the Slurm tests, run by ctrun with --no_python.
+# A worker for tests that need one in plain shell, run by ctrun with
+# --no_python (or by /bin/sh).
 #
-#   slurm_worker.sh env DIR [CMD...] writes its environment to DIR/env.RANK,
+#   shell_worker.sh env DIR [CMD...] writes its environment to DIR/env.RANK,
 #                                    then runs CMD
-#   slurm_worker.sh fail DIR R CODE  rank R exits CODE; the others wait to be
+#   shell_worker.sh fail DIR R CODE  rank R exits CODE; the others wait to be
 #                                    stopped
-#   slurm_worker.sh signal DIR SIG   writes DIR/ready.RANK, then counts the
+#   shell_worker.sh signal DIR SIG   writes DIR/ready.RANK, then counts the
 #                                    SIGs (USR1, TERM) it receives into
 #                                    DIR/SIG.RANK; exits 0 one second after
 #                                    the first
@@ -31,7 +32,7 @@ case $mode in
     while [ $i -lt 10 ]; do sleep 0.1; i=$((i + 1)); done
     ;;
   *)
-    echo "slurm_worker.sh: unknown mode $mode" >&2
+    echo "shell_worker.sh: unknown mode $mode" >&2
     exit 2
     ;;
 esac
