@@ -23,6 +23,14 @@ constexpr absl::Duration kJobTime = absl::Seconds(120);
 
 std::string Worker() { return SourceDir() + "/tests/support/shell_worker.sh"; }
 
+// One agent per node (srun), this build's ctrun with `flags`, running the
+// shell worker with `worker_args`.
+std::string SrunCtrunWorker(const std::string& flags,
+                            const std::string& worker_args) {
+  return absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(), " ", flags,
+                      " --no_python ", Worker(), " ", worker_args);
+}
+
 // A batch script: #SBATCH lines from `sbatch_options`, then `body`.
 std::string Script(const std::vector<std::string>& sbatch_options,
                    const std::string& body) {
@@ -67,9 +75,9 @@ TEST_CASE(
   auto job = cluster.Submit(
       "gpus",
       Script({"-N 2", "--gpus-per-node=2", "-t 5"},
-             absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
-                          " --nproc_per_node=gpu --no_python ", Worker(),
-                          " env ", out, " ", WorkerProbePath(), " store")));
+             SrunCtrunWorker(
+                 "--nproc_per_node=gpu",
+                 absl::StrCat("env ", out, " ", WorkerProbePath(), " store"))));
   const auto code = cluster.Wait(job, kJobTime);
   const std::string output = cluster.Output(job);
   INFO(output);
@@ -186,9 +194,8 @@ TEST_CASE("A failing worker's exit code is the Slurm job's exit code",
   const std::string out = OutDir(cluster, "fail");
   auto job = cluster.Submit(
       "fail", Script({"-N 2", "-t 5"},
-                     absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
-                                  " --nproc_per_node=2 --no_python ", Worker(),
-                                  " fail ", out, " 3 7")));
+                     SrunCtrunWorker("--nproc_per_node=2",
+                                     absl::StrCat("fail ", out, " 3 7"))));
   const auto code = cluster.Wait(job, kJobTime);
   const std::string output = cluster.Output(job);
   INFO(output);
@@ -204,10 +211,10 @@ std::optional<int> SignalJob(const std::string& signal,
   SlurmCluster cluster;
   const std::string out = OutDir(cluster, "signal");
   auto job = cluster.Submit(
-      "signal", Script({"-N 2", "-t 5"},
-                       absl::StrCat("srun --ntasks-per-node=1 ", CtrunPath(),
-                                    " --nproc_per_node=2 --no_python ",
-                                    Worker(), " signal ", out, " ", signal)));
+      "signal",
+      Script({"-N 2", "-t 5"},
+             SrunCtrunWorker("--nproc_per_node=2",
+                             absl::StrCat("signal ", out, " ", signal))));
   std::vector<std::string> ready;
   for (int r = 0; r < 4; ++r) ready.push_back(absl::StrCat(out, "/ready.", r));
   INFO(cluster.Output(job));
