@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """ctrun against torchrun, side by side: start-to-exit and agent memory.
 
-    launcher_bench.py --ctrun build/launcher/ctrun [--runs 5] [--nprocs 1,4,16]
+    launcher_bench.py --ctrun build/launcher/ctrun [--floor build/bench/floors]
+                      [--runs 5] [--nprocs 1,4,16,64]
 
 Each run launches `--standalone --nproc_per_node=N --no_python true` (N
 workers that exit at once) and measures the wall time from start to exit and
@@ -9,6 +10,8 @@ the launcher's peak resident memory (ru_maxrss from wait4, which covers the
 process and its reaped children; the workers are `true`, so the launcher's
 own peak dominates). torchrun is Debian's, through scripts/torchrun-compat.py
 (see there), with --monitor_interval=0.1 as today's torchrun defaults.
+The floor is `floors spawn N`: start N `true` processes and wait for them,
+timed the same way.
 Prints a table of medians (min-max) and ctrun/torchrun ratios, and one JSON
 line per configuration.
 """
@@ -45,7 +48,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ctrun", required=True)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--nprocs", default="1,4,16")
+    parser.add_argument("--nprocs", default="1,4,16,64")
+    parser.add_argument("--floor", help="the floors program (bench/floors.cc)")
     args = parser.parse_args()
     launchers = {"ctrun": [args.ctrun], "torchrun": TORCHRUN}
     rows = []
@@ -59,6 +63,10 @@ def main():
                 "wall_s": summary([s[0] for s in samples]),
                 "rss_mib": summary([s[1] for s in samples]),
             }
+        if args.floor:
+            samples = [measure([args.floor, "spawn", str(n)])
+                       for _ in range(args.runs)]
+            result["floor"] = {"wall_s": summary([s[0] for s in samples])}
         print(json.dumps(result), flush=True)
         rows.append(result)
 

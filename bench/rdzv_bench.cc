@@ -14,7 +14,7 @@
 //       rendezvous of N agents that prints every assignment.
 //
 // Each run starts its own daemon on 127.0.0.1:0 and ends it by pid. Output:
-// one JSON object per line, for bench/run.sh to tabulate.
+// one JSON object per line, for bench/run-all.sh and bench/report.py.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>

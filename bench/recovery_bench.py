@@ -2,15 +2,20 @@
 """Multi-node start-up and recovery, ctrun against torchrun side by side.
 
     recovery_bench.py --ctrun build/launcher/ctrun [--runs 3] [--give_up 60]
+                      [--nodes 2,4]
 
 Nodes are agents on one machine (loopback). Measures, as median (min-max):
-  two_nodes   start-to-exit of a 2-node job of `true` workers, with the
-              rendezvous hosted by one agent (ctrun: c10d on 127.0.0.2,
-              agents --local_addr 127.0.0.2/3; torchrun: c10d on 127.0.0.1).
+  nodes       start-to-exit of an N-node job (N from --nodes) of one `true`
+              worker per node, with the rendezvous hosted by one agent
+              (ctrun: c10d on 127.0.0.2, agents --local_addr 127.0.0.2, .3,
+              ...; torchrun: c10d on 127.0.0.1).
   agent_kill  3 agents (--nnodes=2:3), one killed with SIGKILL: time until
               every survivor's worker runs again in the next round.
   worker_kill 1 agent, 4 workers (--max_restarts=1), one worker killed with
               SIGKILL: time until all 4 workers run again.
+With --floor (bench/floors.cc), each gets its physical floor under
+"floor": starting the processes it needs again (`floors spawn K`: 2N for N
+nodes, 2 workers after an agent loss, 4 after a worker loss).
 Workers are /bin/sh loops that record `date +%s.%N` when they start, so
 times are on the same clock as the kill. torchrun is Debian's, through
 scripts/torchrun-compat.py, with --monitor_interval=0.1. A recovery that
@@ -120,12 +125,12 @@ def node_cmd(launcher, kind, node, port, nnodes, extra):
                        "--rdzv_conf=last_call_timeout=1"] + extra
 
 
-def two_nodes(launcher, kind):
+def nodes(launcher, kind, count):
     port = free_port("127.0.0.2" if kind == "ctrun" else "127.0.0.1")
     start = time.time()
-    procs = [spawn(node_cmd(launcher, kind, n, port, 2,
+    procs = [spawn(node_cmd(launcher, kind, n, port, count,
                             ["--nproc_per_node=1", "--no_python", "true"]))
-             for n in (2, 3)]
+             for n in range(2, 2 + count)]
     for p in procs:
         p.wait()
     return time.time() - start
@@ -170,6 +175,12 @@ def worker_kill(launcher, kind, give_up):
             stop([proc])
 
 
+def spawn_time(floors, processes):
+    start = time.time()
+    subprocess.run([floors, "spawn", str(processes)], check=True)
+    return time.time() - start
+
+
 def summary(samples):
     if any(s == NOT_STARTED for s in samples):
         return NOT_STARTED
@@ -196,9 +207,17 @@ def main():
     parser.add_argument("--ctrun", required=True)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--give_up", type=float, default=60)
+    parser.add_argument("--nodes", default="2,4")
+    parser.add_argument("--floor", help="the floors program (bench/floors.cc)")
     args = parser.parse_args()
+    floor_processes = {f"nodes_{n}": 2 * n
+                       for n in map(int, args.nodes.split(","))}
+    floor_processes |= {"agent_kill": 2, "worker_kill": 4}
     benches = {
-        "two_nodes": lambda kind: two_nodes(args.ctrun, kind),
+        f"nodes_{n}": (lambda n: lambda kind: nodes(args.ctrun, kind, n))(n)
+        for n in map(int, args.nodes.split(","))
+    }
+    benches |= {
         "agent_kill": lambda kind: agent_kill(args.ctrun, kind, args.give_up),
         "worker_kill": lambda kind: worker_kill(args.ctrun, kind,
                                                 args.give_up),
@@ -209,7 +228,12 @@ def main():
         for kind in ("ctrun", "torchrun"):
             samples = [run(kind) for _ in range(args.runs)]
             rows[name][kind] = summary(samples)
-        print(json.dumps({"bench": name, **rows[name]}), flush=True)
+        result = {"bench": name, **rows[name]}
+        if args.floor:
+            result["floor"] = summary([
+                spawn_time(args.floor, floor_processes[name])
+                for _ in range(args.runs)])
+        print(json.dumps(result), flush=True)
     print(f"\nmulti-node, {args.runs} runs: median (min-max)")
     print(f"{'':12} {'ctrun':>26} {'torchrun':>28} {'ratio':>7}")
     for name, r in rows.items():

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency from Debian's packages.
 # A quick no-op when everything is already installed.
+#
+#   scripts/setup.sh           build and test dependencies
+#   scripts/setup.sh --bench   also what bench/run-all.sh needs (gnuplot)
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +14,7 @@ PACKAGES=(
   # The Slurm end-to-end tests run a private Slurm with munge.
   slurmctld slurmd slurm-client munge libmunge-dev
 )
+[ "${1:-}" = "--bench" ] && PACKAGES+=(gnuplot-nox)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,474 @@
+#!/usr/bin/python3
+"""Turns a bench/run-all.sh results directory into BENCHMARKS.md's results
+(the part between its RESULTS markers) and the plots it shows.
+
+    report.py RESULTS_DIR --markdown BENCHMARKS.md --plots docs/benchmarks
+              [--quick]
+
+Every figure is the median and min-max over the run's repetitions; ratios
+are of medians. Plots are drawn by gnuplot (pngcairo).
+"""
+import argparse
+import glob
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+
+BEGIN = "<!-- BEGIN RESULTS: written by bench/report.py -->"
+END = "<!-- END RESULTS -->"
+
+
+def load(results_dir):
+    rows = []
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.jsonl"))):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.startswith("{")]
+    return rows
+
+
+def spread(values):
+    """(median, min, max) of the values that are not None, or None."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values)
+
+
+def ms(s, scale=1000.0, digits=None):
+    """"12.3 ms (11-14)" from a (median, min, max) in seconds."""
+    if s is None:
+        return "—"
+    med, lo, hi = (x * scale for x in s[:3])
+    d = digits if digits is not None else (1 if med < 100 else 0)
+    return f"{med:.{d}f} ms ({lo:.{d}f}–{hi:.{d}f})"
+
+
+def ratio(a, b):
+    """b/a of two spreads' medians, as "12×"."""
+    if a is None or b is None or not a[0]:
+        return "—"
+    r = b[0] / a[0]
+    return f"{r:.0f}×" if r >= 10 else f"{r:.1f}×"
+
+
+def command(*argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def package_version(pattern):
+    out = command("dpkg-query", "-W", "-f", "${Package} ${Version}\\n",
+                  pattern)
+    return out.splitlines()[0].split()[1] if out != "?" and out else "?"
+
+
+def machine():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_gib = int(f.readline().split()[1]) / 2**20
+    with open("/etc/debian_version") as f:
+        debian = f.read().strip()
+    commit = command("git", "rev-parse", "--short", "HEAD")
+    return (f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB; Debian "
+            f"{debian}, Linux {platform.release()}; gRPC "
+            f"{package_version('libgrpc++1*')}, PyTorch "
+            f"{package_version('python3-torch')}, gcc "
+            f"{package_version('gcc-12')}; ctrun {commit}")
+
+
+class Report:
+    def __init__(self, rows):
+        self.rows = rows
+        self.md = []
+        self.plots = []  # (name, gnuplot script with $DATA blocks)
+
+    def pick(self, **match):
+        return [r for r in self.rows
+                if all(r.get(k) == v for k, v in match.items())]
+
+    def out(self, *lines):
+        self.md.extend(lines)
+
+    # --- launch -----------------------------------------------------------
+    def launch(self):
+        rows = sorted(self.pick(bench="launch"), key=lambda r: r["nproc"])
+        if not rows:
+            return
+        self.out("### Launch and exit",
+                 "",
+                 "`--standalone --nproc_per_node=N --no_python true`, from "
+                 "start to exit. The floor starts N `true` processes and "
+                 "waits for them (`floors spawn N`).",
+                 "",
+                 "| N | ctrun | torchrun | torchrun / ctrun | floor | "
+                 "ctrun RSS | torchrun RSS | torchrun / ctrun |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|")
+        data = []
+        for r in rows:
+            c, t = r["ctrun"], r["torchrun"]
+            f = r.get("floor", {}).get("wall_s")
+            self.out(f"| {r['nproc']} | {ms(c['wall_s'])} | "
+                     f"{ms(t['wall_s'], digits=0)} | "
+                     f"{ratio(c['wall_s'], t['wall_s'])} | {ms(f)} | "
+                     f"{c['rss_mib'][0]:.1f} MiB | {t['rss_mib'][0]:.0f} MiB | "
+                     f"{ratio(c['rss_mib'], t['rss_mib'])} |")
+            data.append((r["nproc"], c["wall_s"], t["wall_s"], f))
+        self.out("", "![launch](docs/benchmarks/launch.png)", "")
+        self.plots.append(("launch", line_plot(
+            "Launch to exit, --standalone --no\\_python true",
+            "workers per node (N)", "milliseconds", data,
+            ["ctrun", "torchrun", "floor: spawn N processes"], logx=True)))
+
+    # --- multi-node and recovery -----------------------------------------
+    def recovery(self):
+        rows = {r["bench"]: r for r in self.rows
+                if r["bench"].startswith("nodes_")
+                or r["bench"] in ("agent_kill", "worker_kill")}
+        if not rows:
+            return
+
+        def cell(s):
+            if s == "not started":
+                return "did not start"
+            if s is None:
+                return "never"
+            return ms(s, digits=0)
+
+        self.out("### Multi-node start and recovery",
+                 "",
+                 "Agents on one machine standing for nodes, the rendezvous "
+                 "hosted by one of them. The floor starts the processes the "
+                 "step needs (`floors spawn`: two per node; the two "
+                 "survivors' workers; the four workers).",
+                 "",
+                 "| | ctrun | torchrun | torchrun / ctrun | floor |",
+                 "|---|---:|---:|---:|---:|")
+        names = {"agent_kill": "agent `kill -9` → survivors running the next "
+                               "round",
+                 "worker_kill": "worker `kill -9` → all 4 workers running "
+                                "again"}
+        data = []
+        for name in sorted(k for k in rows if k.startswith("nodes_")) + [
+                "agent_kill", "worker_kill"]:
+            if name not in rows:
+                continue
+            r = rows[name]
+            c, t = r["ctrun"], r["torchrun"]
+            label = names.get(name, f"{name[6:]}-node start to exit")
+            numeric = all(isinstance(x, list) for x in (c, t))
+            self.out(f"| {label} | {cell(c)} | {cell(t)} | "
+                     f"{ratio(c, t) if numeric else '—'} | "
+                     f"{ms(r.get('floor'), digits=1)} |")
+            if name.startswith("nodes_"):
+                data.append((int(name[6:]), c if numeric else None,
+                             t if numeric else None, r.get("floor")))
+        self.out("", "“never”: not within the run's give-up time (see "
+                 "`bench/run-all.sh`).", "",
+                 "![multi-node](docs/benchmarks/multinode.png)", "")
+        self.plots.append(("multinode", line_plot(
+            "Multi-node start to exit (one worker per node)", "nodes",
+            "milliseconds", sorted(data),
+            ["ctrun", "torchrun", "floor: spawn the processes"], logx=True)))
+
+    # --- rendezvous scale --------------------------------------------------
+    def rendezvous(self):
+        rtt = self.pick(bench="rtt")
+        rtt_us = rtt[0]["median_us"] if rtt else None
+        by = {}
+        for r in self.pick(bench="rendezvous"):
+            by.setdefault((r["impl"], r["agents"]), []).append(r)
+        if not by:
+            return
+        sizes = sorted({n for _, n in by})
+
+        def field(impl, n, key):
+            runs = by.get((impl, n), [])
+            return spread([r.get(key) for r in runs if not r.get("gave_up")])
+
+        floor_note = (f" The floor is N loopback round trips one after "
+                      f"another (one round trip: {rtt_us:.0f} µs median)."
+                      if rtt_us else "")
+        self.out("### Rendezvous scale",
+                 "",
+                 "N simulated agents (8 workers each) join one job against "
+                 "ctrund, and against torchrun's c10d rendezvous "
+                 "(`DynamicRendezvousHandler` over a `TCPStore` in its own "
+                 "process). Time from the first join to the last assignment; "
+                 "CPU seconds and peak RSS of the daemon (ctrund) or the "
+                 "store process (torchrun)." + floor_note,
+                 "",
+                 "| agents | ctrun | torchrun | torchrun / ctrun | floor | "
+                 "ctrund CPU | store CPU | ctrund RSS | store RSS |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        data = []
+        for n in sizes:
+            c = field("ctrun", n, "all_assigned_ms")
+            t = field("torchrun", n, "all_assigned_ms")
+            gave_up = any(r.get("gave_up")
+                          for r in by.get(("torchrun", n), []))
+            floor = (n * rtt_us / 1000.0,) * 3 if rtt_us else None
+            if gave_up:
+                t_cell = "did not finish"
+            elif t:
+                t_cell = ms(t, scale=1, digits=0)
+            else:
+                t_cell = "not run"
+
+            def amount(impl, key, unit, digits):
+                v = field(impl, n, key)
+                return f"{v[0]:.{digits}f} {unit}" if v else "—"
+
+            self.out(" | ".join([
+                f"| {n}", ms(c, scale=1), t_cell, ratio(c, t),
+                ms(floor, scale=1),
+                amount("ctrun", "daemon_cpu_s", "s", 2),
+                amount("torchrun", "daemon_cpu_s", "s", 2),
+                amount("ctrun", "daemon_peak_rss_mib", "MiB", 0),
+                amount("torchrun", "daemon_peak_rss_mib", "MiB", 0)]) + " |")
+            data.append((n, c and tuple(x / 1000 for x in c),
+                         t and tuple(x / 1000 for x in t),
+                         floor and tuple(x / 1000 for x in floor)))
+        self.out("", "“did not finish”: not all agents assigned within the "
+                 "give-up time; larger sizes were not tried.", "",
+                 "![rendezvous](docs/benchmarks/rendezvous.png)", "")
+        self.plots.append(("rendezvous", line_plot(
+            "Rendezvous: time until every agent is assigned", "agents",
+            "milliseconds", data,
+            ["ctrun (ctrund)", "torchrun (c10d over TCPStore)",
+             "floor: N loopback round trips"], logx=True)))
+
+    # --- store --------------------------------------------------------------
+    def store(self):
+        def ops(impl, bench, op, clients):
+            return spread([r["ops_per_s"] for r in self.pick(
+                impl=impl, bench=bench, op=op, clients=clients)])
+
+        if not self.pick(bench="store"):
+            return
+        rtt = self.pick(bench="rtt")
+        self.out("### Store",
+                 "",
+                 "Blocking operations per second, each client its own "
+                 "connection. The gRPC floor is a gRPC server that answers "
+                 "every request with a constant (`grpc_floor`); the "
+                 "round-trip floor is one loopback round trip per operation "
+                 "and client.",
+                 "",
+                 "| op | clients | ctrun | TCPStore | ctrun / TCPStore | "
+                 "gRPC floor | round-trip floor |",
+                 "|---|---:|---:|---:|---:|---:|---:|")
+        bars = []
+        for op in ("get", "set"):
+            for c in (1, 8):
+                a = ops("ctrun", "store", op, c)
+                b = ops("tcpstore", "store", op, c)
+                f = ops("floor", "grpc_floor", op, c)
+                if not a or not b:
+                    continue
+                rt = (f"{1e6 / rtt[0]['median_us'] * c:,.0f}"
+                      if rtt and c == 1 else "—")
+                note = " (a)" if op == "set" else ""
+                comparable = op == "get"
+                self.out(f"| {op} | {c} | {a[0]:,.0f} ({a[1]:,.0f}–"
+                         f"{a[2]:,.0f}) | {b[0]:,.0f}{note} | "
+                         f"{f'{a[0] / b[0]:.2f}×' if comparable else '—'} | "
+                         f"{f'{f[0]:,.0f}' if f else '—'} | {rt} |")
+                if op == "get":
+                    bars.append((f"get, {c} client{'s' if c > 1 else ''}",
+                                 a[0], b[0], f[0] if f else 0))
+        self.out("", "(a) TCPStore's `set` returns without waiting for a "
+                 "reply: a different operation from ctrun's, which returns "
+                 "once the value is stored and waiters are woken.", "")
+        by_w = {}
+        for r in self.pick(bench="broadcast"):
+            by_w.setdefault((r["impl"], r["waiters"]), []).append(r)
+
+        def broadcast(impl, w):
+            """Each run reports median, min and max of its repetitions."""
+            runs = by_w.get((impl, w), [])
+            if not runs:
+                return None
+            return (statistics.median(r["median_ms"] for r in runs),
+                    min(r["min_ms"] for r in runs),
+                    max(r["max_ms"] for r in runs))
+
+        if by_w:
+            self.out("One `set` waking N waiting `get`s, each waiter its own "
+                     "connection: time from the set to the last answer.",
+                     "",
+                     "| waiters | ctrun | TCPStore | TCPStore / ctrun |",
+                     "|---:|---:|---:|---:|")
+            data = []
+            for w in sorted({w for _, w in by_w}):
+                a = broadcast("ctrun", w)
+                b = broadcast("tcpstore", w)
+                self.out(f"| {w} | {ms(a, scale=1)} | {ms(b, scale=1)} | "
+                         f"{ratio(a, b)} |")
+                data.append((w, a and tuple(x / 1000 for x in a),
+                             b and tuple(x / 1000 for x in b), None))
+            self.plots.append(("broadcast", line_plot(
+                "Broadcast: one set wakes N waiting gets", "waiters",
+                "milliseconds", data, ["ctrun", "TCPStore"], logx=True)))
+        self.out("", "![store](docs/benchmarks/store.png) "
+                 "![broadcast](docs/benchmarks/broadcast.png)", "")
+        self.plots.append(("store", bar_plot(
+            "Store get: operations per second", bars,
+            ["ctrun", "TCPStore", "gRPC floor"])))
+
+
+    # --- targets ------------------------------------------------------------
+    def targets(self):
+        """The targets set by the issues, each with its verdict."""
+        rows = []
+
+        def launch(n):
+            r = self.pick(bench="launch", nproc=n)
+            return r[0] if r else None
+
+        def verdict(ok, text):
+            return f"**{'met' if ok else 'not met'}**: {text}"
+
+        if (l4 := launch(4)):
+            speed = l4["torchrun"]["wall_s"][0] / l4["ctrun"]["wall_s"][0]
+            mem = l4["torchrun"]["rss_mib"][0] / l4["ctrun"]["rss_mib"][0]
+            rows.append(("launch to exit ≥ 50× faster than torchrun, N = 4",
+                         verdict(speed >= 50, f"{speed:.0f}×")))
+            rows.append(("agent memory ≥ 20× less than torchrun's",
+                         verdict(mem >= 20, f"{mem:.1f}×")))
+        rec = {r["bench"]: r for r in self.rows
+               if r["bench"] in ("nodes_2", "agent_kill", "worker_kill")}
+        if isinstance(rec.get("nodes_2", {}).get("ctrun"), list) and \
+                isinstance(rec["nodes_2"].get("torchrun"), list):
+            x = rec["nodes_2"]["torchrun"][0] / rec["nodes_2"]["ctrun"][0]
+            rows.append(("2-node start to exit ≥ 20× faster than torchrun",
+                         verdict(x >= 20, f"{x:.0f}×")))
+        for name, limit, text in (
+                ("agent_kill", 1.0, "survivors of a killed agent running "
+                                    "the next round within 1 s"),
+                ("worker_kill", 0.3, "killed worker → all workers running "
+                                     "again within 0.3 s")):
+            c = rec.get(name, {}).get("ctrun")
+            if isinstance(c, list):
+                rows.append((text, verdict(c[0] <= limit,
+                                           f"{c[0] * 1000:.0f} ms")))
+        big = [r["all_assigned_ms"] for r in self.pick(
+            bench="rendezvous", impl="ctrun", agents=4096)]
+        if big:
+            med = statistics.median(big)
+            rows.append(("4096 agents all assigned within 1 s",
+                         verdict(med <= 1000, f"{med:.0f} ms")))
+        for c in (1, 8):
+            a = spread([r["ops_per_s"] for r in self.pick(
+                impl="ctrun", bench="store", op="get", clients=c)])
+            b = spread([r["ops_per_s"] for r in self.pick(
+                impl="tcpstore", bench="store", op="get", clients=c)])
+            if a and b:
+                rows.append((f"store `get` ≥ 2× TCPStore, {c} client"
+                             f"{'s' if c > 1 else ''}",
+                             verdict(a[0] >= 2 * b[0],
+                                     f"{a[0] / b[0]:.2f}×")))
+        b64 = [r["median_ms"] for r in self.pick(
+            bench="broadcast", impl="ctrun", waiters=64)]
+        if b64:
+            med = statistics.median(b64)
+            rows.append(("64-waiter broadcast within 5 ms",
+                         verdict(med <= 5, f"{med:.1f} ms")))
+        if rows:
+            self.out("### Against the targets", "", "| target | result |",
+                     "|---|---|", *[f"| {t} | {v} |" for t, v in rows], "")
+
+
+def series_block(name, points):
+    lines = [f"${name} << EOD"]
+    for x, s in points:
+        if s is not None:
+            lines.append(f"{x} {s[0] * 1000} {s[1] * 1000} {s[2] * 1000}")
+    lines.append("EOD")
+    return "\n".join(lines)
+
+
+def line_plot(title, xlabel, ylabel, data, names, logx=False):
+    """data: (x, spread_1, spread_2, ...) in seconds; lines with min-max
+    error bars, log-log."""
+    blocks, plots = [], []
+    styles = ["lc rgb '#1f77b4' pt 7", "lc rgb '#d62728' pt 5",
+              "lc rgb '#7f7f7f' dt 2 pt 0"]
+    for i, name in enumerate(names):
+        points = [(row[0], row[i + 1]) for row in data]
+        if not any(s is not None for _, s in points):
+            continue
+        blocks.append(series_block(f"S{i}", points))
+        plots.append(f"$S{i} using 1:2:3:4 with yerrorlines {styles[i]} "
+                     f"lw 2 title '{name}'")
+    return "\n".join(blocks + [
+        f"set title '{title}'", f"set xlabel '{xlabel}'",
+        f"set ylabel '{ylabel}'", "set logscale y",
+        "set logscale x 2" if logx else "", "set key top left",
+        "set grid", "plot " + ", ".join(plots)])
+
+
+def bar_plot(title, bars, names):
+    block = ["$B << EOD"] + [f"\"{b[0]}\" {b[1]} {b[2]} {b[3]}"
+                             for b in bars] + ["EOD"]
+    return "\n".join(block + [
+        f"set title '{title}'", "set style data histograms",
+        "set style histogram clustered gap 1", "set style fill solid 0.8",
+        "set ylabel 'operations per second'", "set yrange [0:*]",
+        "set key top left", "set grid y",
+        "plot " + ", ".join(
+            f"$B using {i + 2}:xtic(1) lc rgb '{color}' title '{n}'"
+            for i, (n, color) in enumerate(
+                zip(names, ["#1f77b4", "#d62728", "#7f7f7f"])))])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("results")
+    parser.add_argument("--markdown", required=True)
+    parser.add_argument("--plots", required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    report = Report(load(args.results))
+    report.out(f"Measured {os.path.basename(os.path.normpath(args.results))} "
+               f"by `bench/run-all.sh{' --quick' if args.quick else ''}` on: "
+               f"{machine()}. Everything (launchers, daemons, clients, "
+               "stores) shares the same cores.", "")
+    report.launch()
+    report.recovery()
+    report.rendezvous()
+    report.store()
+    report.targets()
+
+    os.makedirs(args.plots, exist_ok=True)
+    for name, script in report.plots:
+        with tempfile.NamedTemporaryFile("w", suffix=".gp") as f:
+            f.write("set terminal pngcairo size 800,480 font 'sans,10'\n")
+            f.write(f"set output '{os.path.join(args.plots, name)}.png'\n")
+            f.write(script + "\n")
+            f.flush()
+            subprocess.run(["gnuplot", f.name], check=True)
+
+    with open(args.markdown) as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{args.markdown} lacks the {BEGIN} / {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(args.markdown, "w") as f:
+        f.write(head + BEGIN + "\n\n" + "\n".join(report.md).rstrip() +
+                "\n\n" + END + tail)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Every benchmark, ctrun and torchrun (Debian's python3-torch) side by side
+# in the same run, each figure the median and min-max of repeated runs;
+# then BENCHMARKS.md's results and its plots (docs/benchmarks/*.png).
+#
+#   bench/run-all.sh           full run, about 12 minutes on 2 cores
+#   bench/run-all.sh --quick   fewer sizes and repeats, under 5 minutes
+#
+# Raw results, one JSON object per line, stay in bench/results/STAMP/ (not
+# committed). What each benchmark does: BENCHMARKS.md, "Method".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: bench/run-all.sh [--quick]" >&2; exit 2 ;;
+esac
+
+scripts/setup.sh --bench
+scripts/build.sh >/dev/null
+BUILD_DIR=${CTRUN_BUILD_DIR:-build}
+bin=$BUILD_DIR/bench
+ctrun=$BUILD_DIR/launcher/ctrun
+ctrund=$BUILD_DIR/rendezvous/ctrund
+python=${PYTHON_EXEC:-/usr/bin/python3}
+# 16384 simulated agents hold 16384 connections on each side.
+ulimit -n "$(ulimit -Hn)"
+
+if [ $quick -eq 1 ]; then
+  runs=3 give_up=10 nodes=2,4 store_runs=2 seconds=1 torch_give_up=20
+  agents=(16 64 128 256 1024 4096)
+  torch_agents=(16 64 128 256)
+  waiters=(8 64)
+else
+  runs=5 give_up=30 nodes=2,4,8 store_runs=3 seconds=3 torch_give_up=60
+  agents=(16 64 128 256 512 1024 4096 16384)
+  torch_agents=(16 64 128 256 512 1024)
+  waiters=(8 64 256)
+fi
+
+out=bench/results/$(date +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+echo "bench: results in $out"
+tag() { sed "s/^{/{\"impl\":\"$1\",/"; }
+step() { echo "bench: $*" >&2; }
+
+step "launch and exit, N = 1 4 16 64"
+"$python" bench/launcher_bench.py --ctrun "$ctrun" --floor "$bin/floors" \
+  --runs "$runs" --nprocs 1,4,16,64 | grep '^{' >"$out/launch.jsonl"
+
+step "multi-node start and recovery"
+"$python" bench/recovery_bench.py --ctrun "$ctrun" --floor "$bin/floors" \
+  --runs "$runs" --give_up "$give_up" --nodes "$nodes" |
+  grep '^{' >"$out/recovery.jsonl"
+
+step "loopback round trip"
+"$bin/floors" rtt >"$out/rtt.jsonl"
+
+step "rendezvous scale: ${agents[*]} agents against ctrund"
+for n in "${agents[@]}"; do
+  reps=$runs
+  [ "$n" -ge 16384 ] && reps=3  # each takes about 15 s
+  for _ in $(seq "$reps"); do
+    "$bin/rdzv_bench" rendezvous --ctrund "$ctrund" --agents "$n" | tag ctrun
+  done
+done >"$out/rendezvous.jsonl"
+
+step "rendezvous scale: torchrun's c10d, as far as it gets in ${torch_give_up} s"
+for n in "${torch_agents[@]}"; do
+  reps=$runs
+  [ "$n" -ge 256 ] && reps=1  # tens of seconds each
+  gave_up=0
+  for _ in $(seq "$reps"); do
+    line=$("$python" bench/torch_rdzv_bench.py --agents "$n" \
+      --give_up "$torch_give_up" 2>/dev/null)
+    echo "$line"
+    case "$line" in *'"gave_up": true'*) gave_up=1; break ;; esac
+  done
+  [ $gave_up -eq 1 ] && break
+done >>"$out/rendezvous.jsonl"
+
+step "store: get and set with 1 and 8 clients; broadcast to ${waiters[*]} waiters"
+{
+  for _ in $(seq "$store_runs"); do
+    for c in 1 8; do
+      "$bin/rdzv_bench" store --ctrund "$ctrund" --clients "$c" \
+        --seconds "$seconds" | tag ctrun
+      "$python" bench/tcpstore_bench.py store --clients "$c" \
+        --seconds "$seconds" | tag tcpstore
+      "$bin/grpc_floor" "$c" "$seconds" | tag floor
+    done
+  done
+  # Each broadcast run repeats itself 5 times and reports median, min, max.
+  for w in "${waiters[@]}"; do
+    "$bin/rdzv_bench" broadcast --ctrund "$ctrund" --waiters "$w" | tag ctrun
+    "$python" bench/tcpstore_bench.py broadcast --waiters "$w" | tag tcpstore
+  done
+} >"$out/store.jsonl"
+
+step "report"
+"$python" bench/report.py "$out" --markdown BENCHMARKS.md \
+  --plots docs/benchmarks $([ $quick -eq 1 ] && echo --quick)
+echo "bench: BENCHMARKS.md and docs/benchmarks/*.png updated from $out"
