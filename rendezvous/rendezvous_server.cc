@@ -21,6 +21,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/server_stream.h"
+#include "rendezvous/store_request.h"
 
 namespace ctrun {
 
@@ -500,130 +501,26 @@ void Impl::LogEffectsLocked(const Effects& effects) {
   }
 }
 
-namespace {
-
-using Fill = std::function<void(v1::StoreResponse*, KvStore::Values)>;
-
-// Applies one store request. Reads that wait park a callback that answers on
-// `pipe` later; `*parked` then says the answer is not the caller's to send.
-absl::Status ApplyStoreRequest(KvStore& store,
-                               const std::shared_ptr<StorePipe>& pipe,
-                               const v1::StoreRequest& req,
-                               v1::StoreResponse* resp, bool* parked,
-                               std::vector<KvStore::Fired>* fired) {
-  auto read = [&](std::vector<std::string> keys, int64_t wait_ms,
-                  Fill fill) -> absl::Status {
-    if (wait_ms < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("wait timeout of ", wait_ms, " ms must be >= 0"));
-    }
-    if (wait_ms == 0) {
-      auto values = store.MultiGet(keys);
-      if (values.ok()) fill(resp, std::move(*values));
-      return values.status();
-    }
-    const uint64_t id = req.id();
-    auto answer = [pipe, id, fill](absl::StatusOr<KvStore::Values> result) {
-      v1::StoreResponse later;
-      later.set_id(id);
-      if (result.ok()) {
-        fill(&later, std::move(*result));
-      } else {
-        later.set_code(static_cast<int32_t>(result.status().code()));
-        later.set_message(std::string(result.status().message()));
-      }
-      pipe->Untrack(id);
-      pipe->Reply(std::move(later));
-    };
-    auto waiter = store.Park(std::move(keys),
-                             MonotonicNow() + absl::Milliseconds(wait_ms),
-                             std::move(answer), fired);
-    if (!waiter.ok()) return waiter.status();
-    if (*waiter != 0) pipe->Track(id, req.scope(), *waiter);
-    *parked = true;
-    return absl::OkStatus();
-  };
-  auto keys_of = [](const auto& repeated) {
-    return std::vector<std::string>(repeated.begin(), repeated.end());
-  };
-
-  switch (req.op_case()) {
-    case v1::StoreRequest::kSet:
-      return store.Set(req.set().key(), req.set().value(), fired);
-    case v1::StoreRequest::kGet:
-      return read({req.get().key()}, req.get().wait_timeout_ms(),
-                  [](v1::StoreResponse* r, KvStore::Values v) {
-                    r->mutable_get()->set_value(std::move(v.front()));
-                  });
-    case v1::StoreRequest::kMultiGet:
-      return read(keys_of(req.multi_get().keys()),
-                  req.multi_get().wait_timeout_ms(),
-                  [](v1::StoreResponse* r, KvStore::Values v) {
-                    auto* out = r->mutable_multi_get();
-                    for (auto& value : v) out->add_values(std::move(value));
-                  });
-    case v1::StoreRequest::kWait:
-      if (req.wait().timeout_ms() <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "wait timeout_ms must be > 0, got ", req.wait().timeout_ms()));
-      }
-      return read(keys_of(req.wait().keys()), req.wait().timeout_ms(),
-                  [](v1::StoreResponse*, KvStore::Values) {});
-    case v1::StoreRequest::kAdd: {
-      auto value = store.Add(req.add().key(), req.add().delta(), fired);
-      if (value.ok()) resp->mutable_add()->set_value(*value);
-      return value.status();
-    }
-    case v1::StoreRequest::kCompareSet: {
-      const auto& cs = req.compare_set();
-      auto r = store.CompareSet(cs.key(), cs.expected(), cs.desired(), fired);
-      if (!r.ok()) return r.status();
-      resp->mutable_compare_set()->set_swapped(r->swapped);
-      resp->mutable_compare_set()->set_value(std::move(r->value));
-      return absl::OkStatus();
-    }
-    case v1::StoreRequest::kDelete: {
-      auto deleted = store.Delete(req.delete_().key());
-      if (deleted.ok()) resp->mutable_delete_()->set_deleted(*deleted);
-      return deleted.status();
-    }
-    case v1::StoreRequest::kCheck: {
-      auto all = store.Check(keys_of(req.check().keys()));
-      if (all.ok()) resp->mutable_check()->set_all_set(*all);
-      return all.status();
-    }
-    case v1::StoreRequest::kNumKeys:
-      resp->mutable_num_keys()->set_num_keys(store.NumKeys());
-      return absl::OkStatus();
-    case v1::StoreRequest::kMultiSet: {
-      std::vector<std::pair<std::string, std::string>> kvs;
-      kvs.reserve(req.multi_set().entries_size());
-      for (const auto& e : req.multi_set().entries()) {
-        kvs.emplace_back(e.key(), e.value());
-      }
-      return store.MultiSet(std::move(kvs), fired);
-    }
-    case v1::StoreRequest::OP_NOT_SET:
-      break;
-  }
-  return absl::InvalidArgumentError("store request without an operation");
-}
-
-}  // namespace
-
 void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                         const v1::StoreRequest& request) {
   v1::StoreResponse response;
   response.set_id(request.id());
-  bool parked = false;
+  std::optional<KvStore::WaiterId> parked;
   absl::Status status;
   Delivery delivery;
   {
     absl::MutexLock lock(&mu_);
     auto store = core_.Store(request.scope());
-    status = store.ok() ? ApplyStoreRequest(**store, pipe, request, &response,
+    const uint64_t id = request.id();
+    auto answer_later = [pipe, id](v1::StoreResponse later) {
+      pipe->Untrack(id);
+      pipe->Reply(std::move(later));
+    };
+    status = store.ok() ? ApplyStoreRequest(**store, request, MonotonicNow(),
+                                            std::move(answer_later), &response,
                                             &parked, &delivery.fired)
                         : store.status();
+    if (parked && *parked != 0) pipe->Track(id, request.scope(), *parked);
     WakeTimerLocked();
   }
   if (!parked) {
