@@ -1,5 +1,6 @@
 #include "launcher/slurm.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -187,6 +188,9 @@ absl::StatusOr<std::optional<SlurmFacts>> ReadSlurmFacts(const EnvMap& env) {
 std::string SlurmConfValue(const EnvMap& env, absl::string_view key) {
   std::string conf = Get(env, "SLURM_CONF");
   if (conf.empty()) conf = "/etc/slurm/slurm.conf";
+  // Only a regular file: SLURM_CONF=/dev/zero must not read forever.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(conf, ec)) return "";
   std::ifstream in(conf);
   for (std::string line; std::getline(in, line);) {
     absl::string_view l = line;

@@ -102,6 +102,7 @@ TEST_CASE("The munge socket comes from the environment or slurm.conf",
   CHECK(MungeSocketFor({{"SLURM_CONF", conf}}).empty());  // munge's default
   std::filesystem::remove(conf);
   CHECK(MungeSocketFor({{"SLURM_CONF", "/nonexistent/slurm.conf"}}).empty());
+  CHECK(MungeSocketFor({{"SLURM_CONF", "/dev/zero"}}).empty());  // not a file
 }
 
 TEST_CASE("Signals from slurmstepd are not forwarded twice", "[slurm][unit]") {
