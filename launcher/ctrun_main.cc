@@ -135,6 +135,12 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   }
   const std::string endpoint =
       server ? server->endpoint().ToString() : plan->endpoint.ToString();
+  if (!server) {
+    // A hosting agent started at the same moment listens within
+    // milliseconds; gRPC would retry a refused connection only after 100.
+    // Beyond a second the session's own wait takes over.
+    WaitUntilListening(plan->endpoint, absl::Seconds(1));
+  }
   ConnectionOptions connection_options;
   connection_options.endpoint = endpoint;
   connection_options.token = token;

@@ -3,11 +3,17 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace ctrun {
 namespace {
@@ -113,6 +119,43 @@ bool ResolvesToLoopbackOnly(absl::string_view host) {
   }
   freeaddrinfo(result);
   return any && all_loopback;
+}
+
+bool WaitUntilListening(const Endpoint& endpoint, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(endpoint.port);
+  if (getaddrinfo(endpoint.host.c_str(), port.c_str(), &hints, &found) != 0) {
+    return false;
+  }
+  bool listening = false;
+  while (!listening) {
+    for (addrinfo* a = found; a != nullptr && !listening; a = a->ai_next) {
+      const int fd =
+          socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) continue;
+      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        listening = true;
+      } else if (errno == EINPROGRESS) {
+        // A remote host may take long to answer: never past the deadline.
+        pollfd p{fd, POLLOUT, 0};
+        const int64_t ms = std::clamp<int64_t>(
+            absl::ToInt64Milliseconds(deadline - absl::Now()), 1, 200);
+        int error = 0;
+        socklen_t len = sizeof error;
+        listening = poll(&p, 1, static_cast<int>(ms)) == 1 &&
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 &&
+                    error == 0;
+      }
+      close(fd);
+    }
+    if (listening || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  freeaddrinfo(found);
+  return listening;
 }
 
 }  // namespace ctrun

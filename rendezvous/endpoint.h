@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace ctrun {
 
@@ -31,6 +32,12 @@ bool IsLoopbackHost(absl::string_view host);
 // mapped to 127.0.0.1, as emulated cluster nodes are). False when it does
 // not resolve.
 bool ResolvesToLoopbackOnly(absl::string_view host);
+
+// Whether something accepts TCP connections at `endpoint` within `timeout`,
+// trying every few milliseconds. gRPC waits at least 100 ms before it
+// reconnects to an address that refused it; agents started together with
+// the one that hosts their rendezvous wait here instead.
+bool WaitUntilListening(const Endpoint& endpoint, absl::Duration timeout);
 
 }  // namespace ctrun
 

@@ -1,6 +1,12 @@
 #include "rendezvous/endpoint.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+
+#include "absl/time/clock.h"
 
 namespace ctrun {
 namespace {
@@ -36,6 +42,26 @@ TEST_CASE("Loopback is told apart from other addresses", "[endpoint][unit]") {
   CHECK(ResolvesToLoopbackOnly("127.0.0.2"));
   CHECK(ResolvesToLoopbackOnly("localhost"));
   CHECK_FALSE(ResolvesToLoopbackOnly("10.0.0.1"));
+}
+
+TEST_CASE("WaitUntilListening sees a listener and gives up on none",
+          "[endpoint][unit]") {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const Endpoint endpoint{"127.0.0.1", ntohs(a.sin_port)};
+  // Bound but not listening: refused until the deadline.
+  const absl::Time start = absl::Now();
+  CHECK_FALSE(WaitUntilListening(endpoint, absl::Milliseconds(50)));
+  CHECK(absl::Now() - start >= absl::Milliseconds(50));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  REQUIRE(listen(fd, 1) == 0);
+  CHECK(WaitUntilListening(endpoint, absl::Seconds(5)));
+  close(fd);
 }
 
 }  // namespace
