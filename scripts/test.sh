@@ -1,10 +1,36 @@
 #!/usr/bin/env bash
 # Sets up, builds, and runs every test through ctest.
-# Arguments go to ctest, e.g. `scripts/test.sh -L unit`.
+#
+#   scripts/test.sh [--sanitize=address,undefined|thread] [CTEST ARGS...]
+#
+# Other arguments go to ctest, e.g. `scripts/test.sh -L unit`. With
+# --sanitize, everything is built with those sanitizers into its own build
+# directory (build-asan-ubsan, build-tsan) and any report fails its test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+sanitize=""
+if [[ "${1:-}" == --sanitize=* ]]; then
+  sanitize=${1#--sanitize=}
+  shift
+  case "$sanitize" in
+    address,undefined | undefined,address) default_dir=build-asan-ubsan ;;
+    address) default_dir=build-asan ;;
+    undefined) default_dir=build-ubsan ;;
+    thread) default_dir=build-tsan ;;
+    *)
+      echo "test.sh: --sanitize=$sanitize: expected address,undefined," \
+        "address, undefined or thread" >&2
+      exit 2
+      ;;
+  esac
+  export CTRUN_BUILD_DIR=${CTRUN_BUILD_DIR:-$default_dir}
+  # A report ends the process with an error, so the test fails.
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1:halt_on_error=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+fi
 scripts/setup.sh
-scripts/build.sh
+scripts/build.sh ${sanitize:+-DCTRUN_SANITIZE=$sanitize}
 BUILD_DIR=${CTRUN_BUILD_DIR:-build}
 # Tests' temporary files live here (TMPDIR), fresh for each run.
 rm -rf "$BUILD_DIR/test-tmp" && mkdir -p "$BUILD_DIR/test-tmp"
