@@ -4,6 +4,7 @@
 #
 #   scripts/setup.sh           build and test dependencies
 #   scripts/setup.sh --bench   also what bench/run-all.sh needs (gnuplot)
+#   scripts/setup.sh --fuzz    also what scripts/fuzz.sh needs (clang)
 set -euo pipefail
 
 PACKAGES=(
@@ -14,7 +15,10 @@ PACKAGES=(
   # The Slurm end-to-end tests run a private Slurm with munge.
   slurmctld slurmd slurm-client munge libmunge-dev
 )
-[ "${1:-}" = "--bench" ] && PACKAGES+=(gnuplot-nox)
+case "${1:-}" in
+  --bench) PACKAGES+=(gnuplot-nox) ;;
+  --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev) ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
