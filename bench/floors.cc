@@ -87,9 +87,10 @@ int RoundTrips(int count) {
   close(fd);
   waitpid(echo, nullptr, 0);
   std::sort(us.begin(), us.end());
-  std::printf("{\"bench\":\"rtt\",\"round_trips\":%d,\"median_us\":%.2f,"
-              "\"min_us\":%.2f}\n",
-              count, us[us.size() / 2], us.front());
+  std::printf(
+      "{\"bench\":\"rtt\",\"round_trips\":%d,\"median_us\":%.2f,"
+      "\"min_us\":%.2f}\n",
+      count, us[us.size() / 2], us.front());
   return 0;
 }
 
