@@ -143,6 +143,9 @@ SlurmCluster::SlurmCluster() {
             "NodeName=ctn[1-2] Name=gpu Type=fake File=/dev/null,/dev/zero\n");
   fs::create_directories(work_dir_ + "/state");
 
+  // One cluster runs at a time (ctest's resource lock): lines of another
+  // are left by a test process that was killed before its teardown.
+  RemoveHostsLines("# ctrun-test ");
   std::ofstream(kHosts, std::ios::app)
       << "127.0.0.1 ctn1 ctn2 " << hosts_marker_ << "\n";
 

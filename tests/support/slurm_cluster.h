@@ -5,7 +5,8 @@
 // Everything lives in a fresh directory; the daemons run in the foreground
 // as ChildProcesses. The node names resolve through lines added to
 // /etc/hosts for the cluster's lifetime (so run one cluster at a time: the
-// tests hold the ctest resource lock "slurm"). Needs root and Debian's
+// tests hold the ctest resource lock "slurm"; a new cluster drops lines
+// that a killed test left behind). Needs root and Debian's
 // slurmctld, slurmd, slurm-client and munge.
 #ifndef CTRUN_TESTS_SUPPORT_SLURM_CLUSTER_H_
 #define CTRUN_TESTS_SUPPORT_SLURM_CLUSTER_H_
