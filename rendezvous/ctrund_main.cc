@@ -62,6 +62,9 @@ struct DaemonFlags {
   size_t max_value_bytes = KvStoreLimits{}.max_value_bytes;
   size_t max_keys = KvStoreLimits{}.max_keys;
   size_t max_jobs = RendezvousLimits{}.max_jobs;
+  std::string state_dir;
+  double reconnect_grace_s =
+      absl::ToDoubleSeconds(ServerOptions{}.reconnect_grace);
   std::string log_level = "info";
 };
 
@@ -106,6 +109,13 @@ int RunDaemon(const DaemonFlags& flags) {
   options.limits.store.max_value_bytes = flags.max_value_bytes;
   options.limits.store.max_keys = flags.max_keys;
   options.limits.max_jobs = flags.max_jobs;
+  if (!(flags.reconnect_grace_s > 0 && flags.reconnect_grace_s <= 86400)) {
+    return Fail(absl::StrCat("--reconnect-grace ", flags.reconnect_grace_s,
+                             " must be a number of seconds in (0, 86400]"),
+                kUsageError);
+  }
+  options.state_dir = flags.state_dir;
+  options.reconnect_grace = absl::Seconds(flags.reconnect_grace_s);
 
   auto logger = spdlog::stderr_color_mt("ctrund");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [ctrund] [%l] %v");
@@ -213,6 +223,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-keys", daemon.max_keys, "most store keys per job")
       ->capture_default_str();
   app.add_option("--max-jobs", daemon.max_jobs, "most jobs at once")
+      ->capture_default_str();
+  app.add_option("--state-dir", daemon.state_dir,
+                 "directory to keep jobs and store contents in, so that a "
+                 "restarted daemon resumes them (one daemon per directory)");
+  app.add_option("--reconnect-grace", daemon.reconnect_grace_s,
+                 "seconds that agents of restored jobs have to come back "
+                 "before they count as lost")
       ->capture_default_str();
   app.add_option("--log-level", daemon.log_level,
                  "trace, debug, info, warn, error or off")

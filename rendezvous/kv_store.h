@@ -70,6 +70,11 @@ class KvStore {
   absl::StatusOr<bool> Delete(const std::string& key);
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) const;
   int64_t NumKeys() const { return static_cast<int64_t>(data_.size()); }
+  // Calls `fn` with every key and value, in no particular order.
+  void ForEach(const std::function<void(const std::string&,
+                                        const std::string&)>& fn) const {
+    for (const auto& [key, value] : data_) fn(key, value);
+  }
 
   // Values of `keys` in order; NOT_FOUND naming the first missing key.
   absl::StatusOr<Values> MultiGet(const std::vector<std::string>& keys) const;

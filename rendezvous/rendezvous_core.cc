@@ -73,6 +73,12 @@ struct RendezvousCore::Job {
   int64_t failure_restart_round = -1;
   absl::Time failure_restart_at = absl::InfinitePast();
 
+  // Restored from a journal: the survivors of its collecting round are not
+  // known, so the round waits for its last call like a first one.
+  bool survivors_unknown = false;
+  // Restored without nodes: forgotten unless one joins by then.
+  absl::Time forget_at = absl::InfiniteFuture();
+
   bool progress_due = false;
   absl::Time next_progress = absl::InfinitePast();
   // A lower bound on the earliest lease expiry among the nodes.
@@ -103,6 +109,17 @@ struct RendezvousCore::Job {
     by_incarnation.erase(node.join.node().incarnation());
     by_hint.erase(node.join.node_rank_hint());
     return node;
+  }
+  // Moves a node to another session id (a detached node resuming).
+  void Rekey(SessionId from, SessionId to) {
+    Node node = TakeNode(from);
+    const NodeState state = node.state;
+    node.state = v1::NodeStatus::STATE_UNSPECIFIED;
+    node.session = to;
+    Node& moved = AddNode(to, node.join);
+    moved = std::move(node);
+    SetState(moved, state);
+    std::replace(ranked.begin(), ranked.end(), from, to);
   }
   void SetState(Node& node, NodeState state) {
     --count[node.state];
@@ -199,12 +216,25 @@ std::string DescribeFailure(const std::string& node_name,
 RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {}
 RendezvousCore::~RendezvousCore() = default;
 
+void RendezvousCore::OnSessionOpened(SessionId session, absl::Time now) {
+  const absl::Time deadline = now + limits_.first_message_timeout;
+  silent_.emplace(deadline, session);
+  silent_deadline_[session] = deadline;
+}
+
 void RendezvousCore::OnMessage(SessionId session,
                                const v1::AgentMessage& message, absl::Time now,
                                Effects* effects) {
   auto sit = session_jobs_.find(session);
   if (sit == session_jobs_.end()) {
-    if (message.has_join()) {
+    if (auto it = silent_deadline_.find(session);
+        it != silent_deadline_.end()) {
+      silent_.erase({it->second, session});
+      silent_deadline_.erase(it);
+    }
+    if (message.has_join() && message.join().has_resume()) {
+      OnResume(session, message.join(), now, effects);
+    } else if (message.has_join()) {
       OnJoin(session, message.join(), now, effects);
     } else {
       effects->finishes.emplace_back(
@@ -261,6 +291,7 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
     job->settings = *settings;
     job->round_opened = now;
     it = jobs_.emplace(job->id, std::move(job)).first;
+    effects->changed_jobs.push_back(join.job_id());
   }
   Job& job = *it->second;
   if (std::string diff = DescribeSettingsDifference(job.settings, *settings);
@@ -300,6 +331,7 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   Node& node = job.AddNode(session, join);
   node.last_seen = now;
   session_jobs_[session] = job.id;
+  job.forget_at = absl::InfiniteFuture();
   job.lease_check = std::min(job.lease_check, now + job.heartbeat_timeout());
 
   if (job.phase == v1::JobStatus::COLLECTING) {
@@ -319,6 +351,55 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   v1::ServerMessage m;
   *m.mutable_progress() = MakeProgress(job, &node, now);
   effects->messages.emplace_back(session, std::move(m));
+}
+
+void RendezvousCore::OnResume(SessionId session, const v1::Join& join,
+                              absl::Time now, Effects* effects) {
+  const int64_t round = join.resume().round();
+  auto refuse = [&](absl::string_view why) {
+    effects->finishes.emplace_back(
+        session, absl::NotFoundError(absl::StrCat(
+                     "cannot resume node incarnation ",
+                     join.node().incarnation(), " in round ", round,
+                     " of job '", join.job_id(), "': ", why, "; join afresh")));
+  };
+  auto it = jobs_.find(join.job_id());
+  if (it == jobs_.end()) {
+    return refuse(
+        "the service does not hold the job (it restarted without "
+        "--state-dir, or the job ended)");
+  }
+  Job& job = *it->second;
+  auto inc = job.by_incarnation.find(join.node().incarnation());
+  if (inc == job.by_incarnation.end() || inc->second < kDetachedSessions) {
+    return refuse("the job has no such node waiting to resume");
+  }
+  if (round != job.round) {
+    return refuse(absl::StrCat("the job is at round ", job.round));
+  }
+  const SessionId detached = inc->second;
+  job.Rekey(detached, session);
+  session_jobs_.erase(detached);
+  session_jobs_[session] = job.id;
+  Node& node = job.nodes.at(session);
+  node.last_seen = now;
+
+  v1::ServerMessage m;
+  m.mutable_resumed()->set_round(job.round);
+  effects->messages.emplace_back(session, std::move(m));
+  // What the node missed while it was away.
+  v1::ServerMessage end;
+  if (job.phase == v1::JobStatus::FINISHED) {
+    end.mutable_job_finished()->set_round(job.round);
+  } else if (job.phase == v1::JobStatus::FAILED) {
+    auto* f = end.mutable_job_failed();
+    f->set_round(job.round);
+    f->set_reason(job.failure);
+    f->set_job_id(job.id);
+  }
+  if (end.kind_case() != v1::ServerMessage::KIND_NOT_SET) {
+    effects->messages.emplace_back(session, std::move(end));
+  }
 }
 
 void RendezvousCore::AdmitToCollectingRound(Job& job, Node& node,
@@ -396,18 +477,12 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
     case v1::WorkerReport::RUNNING:
       node.workers_running = true;
       return;
-    case v1::WorkerReport::SUCCEEDED: {
+    case v1::WorkerReport::SUCCEEDED:
       job.SetState(node, v1::NodeStatus::SUCCEEDED);
       node.workers_running = false;
-      const bool all = std::all_of(
-          job.ranked.begin(), job.ranked.end(), [&job](SessionId s) {
-            auto it = job.nodes.find(s);
-            return it != job.nodes.end() &&
-                   it->second.state == v1::NodeStatus::SUCCEEDED;
-          });
-      if (all && !job.pending_failure) FinishJob(job, effects);
+      effects->changed_jobs.push_back(job.id);
+      MaybeFinishJob(job, effects);
       return;
-    }
     case v1::WorkerReport::FAILED: {
       node.workers_running = false;
       if (job.pending_failure) return;  // the first failure decides
@@ -444,6 +519,10 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
 
 void RendezvousCore::OnSessionClosed(SessionId session, absl::Time now,
                                      Effects* effects) {
+  if (auto it = silent_deadline_.find(session); it != silent_deadline_.end()) {
+    silent_.erase({it->second, session});
+    silent_deadline_.erase(it);
+  }
   auto sit = session_jobs_.find(session);
   if (sit == session_jobs_.end()) return;
   RemoveNode(*jobs_.at(sit->second), session, "its session closed", now,
@@ -493,6 +572,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     // is given back.
     --job.restart_count;
     job.failure_restart_round = -1;
+    effects->changed_jobs.push_back(job.id);
   }
   if (collecting) {
     if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
@@ -509,6 +589,8 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   ++job.round;
   job.phase = v1::JobStatus::COLLECTING;
   job.round_opened = now;
+  job.survivors_unknown = false;
+  effects->changed_jobs.push_back(job.id);
   job.pending_failure.reset();
   job.last_call_deadline = absl::InfiniteFuture();
   job.store.Reset(
@@ -566,7 +648,8 @@ void RendezvousCore::MaybeCloseRound(Job& job, absl::Time now,
   if (joined >= job.settings.max_nodes() && (pending == 0 || last_call_over)) {
     return CloseRound(job, effects);
   }
-  const bool everyone_back = job.round > 0 && pending == 0;
+  const bool everyone_back =
+      job.round > 0 && pending == 0 && !job.survivors_unknown;
   if (everyone_back || last_call_over) CloseRound(job, effects);
 }
 
@@ -607,7 +690,9 @@ void RendezvousCore::CloseRound(Job& job, Effects* effects) {
                         : master.join.master_port_candidate();
   job.last_call_deadline = absl::InfiniteFuture();
   job.progress_due = false;
+  job.survivors_unknown = false;
   job.ranked.clear();
+  effects->changed_jobs.push_back(job.id);
   for (size_t i = 0; i < members.size(); ++i) {
     Node& node = *members[i];
     job.SetState(node, v1::NodeStatus::ACTIVE);
@@ -635,6 +720,7 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
   job.phase = v1::JobStatus::FAILED;
   job.failure = reason;
   job.progress_due = false;
+  effects->changed_jobs.push_back(job.id);
   job.store.Reset(
       absl::AbortedError(absl::StrCat("job '", job.id, "' failed: ", reason)),
       &effects->fired);
@@ -649,6 +735,7 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
 
 void RendezvousCore::FinishJob(Job& job, Effects* effects) {
   job.phase = v1::JobStatus::FINISHED;
+  effects->changed_jobs.push_back(job.id);
   for (const auto& [session, node] : job.nodes) {
     v1::ServerMessage m;
     m.mutable_job_finished()->set_round(job.round);
@@ -664,7 +751,20 @@ void RendezvousCore::ForgetJob(const std::string& job_id, Effects* effects) {
   for (const auto& [session, node] : it->second->nodes) {
     session_jobs_.erase(session);
   }
+  // `job_id` may be the job's own id, gone with it.
+  effects->changed_jobs.push_back(job_id);
   jobs_.erase(it);
+}
+
+void RendezvousCore::MaybeFinishJob(Job& job, Effects* effects) {
+  if (job.phase != v1::JobStatus::RUNNING || job.pending_failure) return;
+  const bool all =
+      std::all_of(job.ranked.begin(), job.ranked.end(), [&job](SessionId s) {
+        auto it = job.nodes.find(s);
+        return it != job.nodes.end() &&
+               it->second.state == v1::NodeStatus::SUCCEEDED;
+      });
+  if (all) FinishJob(job, effects);
 }
 
 std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
@@ -698,6 +798,16 @@ std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
 }
 
 void RendezvousCore::Tick(absl::Time now, Effects* effects) {
+  while (!silent_.empty() && silent_.begin()->first <= now) {
+    const SessionId session = silent_.begin()->second;
+    silent_.erase(silent_.begin());
+    silent_deadline_.erase(session);
+    effects->finishes.emplace_back(
+        session, absl::DeadlineExceededError(absl::StrCat(
+                     "no join within ",
+                     absl::FormatDuration(limits_.first_message_timeout),
+                     " of opening the session")));
+  }
   std::vector<std::string> ids;
   ids.reserve(jobs_.size());
   for (const auto& [id, job] : jobs_) ids.push_back(id);
@@ -729,14 +839,24 @@ void RendezvousCore::TickJob(Job& job, absl::Time now, Effects* effects) {
     for (SessionId session : expired) {
       const Node& node = job.nodes.at(session);
       const std::string name = node.Name();
-      Evict(job, session,
-            absl::AbortedError(absl::StrCat(
-                "node ", name, " of job '", id, "' was declared lost after ",
-                absl::FormatDuration(job.heartbeat_timeout()),
-                " without a heartbeat; its round has ended")),
-            now, effects);
+      Evict(
+          job, session,
+          absl::AbortedError(
+              session >= kDetachedSessions
+                  ? absl::StrCat("node ", name, " of job '", id,
+                                 "' did not resume after the service "
+                                 "restarted; its round has ended")
+                  : absl::StrCat("node ", name, " of job '", id,
+                                 "' was declared lost after ",
+                                 absl::FormatDuration(job.heartbeat_timeout()),
+                                 " without a heartbeat; its round has ended")),
+          now, effects);
       if (!alive()) return;
     }
+  }
+  if (job.nodes.empty() && now >= job.forget_at) {
+    ForgetJob(id, effects);
+    return;
   }
 
   if (job.pending_failure && now >= job.pending_failure->deadline) {
@@ -758,9 +878,11 @@ void RendezvousCore::TickJob(Job& job, absl::Time now, Effects* effects) {
 }
 
 absl::Time RendezvousCore::NextDeadline() const {
-  absl::Time next = absl::InfiniteFuture();
+  absl::Time next =
+      silent_.empty() ? absl::InfiniteFuture() : silent_.begin()->first;
   for (const auto& [id, job] : jobs_) {
-    next = std::min({next, job->lease_check, job->store.NextDeadline()});
+    next = std::min(
+        {next, job->lease_check, job->store.NextDeadline(), job->forget_at});
     if (job->pending_failure)
       next = std::min(next, job->pending_failure->deadline);
     if (job->phase != v1::JobStatus::COLLECTING) continue;
@@ -878,6 +1000,121 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
     n->set_workers_running(node->workers_running);
   }
   return s;
+}
+
+std::optional<v1::JobSnapshot> RendezvousCore::SnapshotJob(
+    const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return std::nullopt;
+  const Job& job = *it->second;
+  v1::JobSnapshot s;
+  s.set_job_id(job.id);
+  *s.mutable_settings() = job.settings;
+  s.set_round(job.round);
+  s.set_restart_count(job.restart_count);
+  s.set_phase(job.phase);
+  s.set_failure(job.failure);
+  if (job.phase == v1::JobStatus::COLLECTING) return s;
+  s.set_world_size(job.world_size);
+  s.set_master_addr(job.master_addr);
+  s.set_master_port(job.master_port);
+  for (SessionId session : job.ranked) {
+    auto n = job.nodes.find(session);
+    if (n == job.nodes.end()) continue;
+    auto* m = s.add_members();
+    *m->mutable_join() = n->second.join;
+    m->mutable_join()->clear_resume();
+    m->set_group_rank(n->second.group_rank);
+    m->set_first_global_rank(n->second.first_global_rank);
+    m->set_succeeded(n->second.state == v1::NodeStatus::SUCCEEDED);
+  }
+  return s;
+}
+
+std::vector<v1::JournalRecord> RendezvousCore::Checkpoint() const {
+  std::vector<v1::JournalRecord> records;
+  for (const auto& [id, job] : jobs_) {
+    *records.emplace_back().mutable_job() = *SnapshotJob(id);
+    job->store.ForEach([&](const std::string& key, const std::string& value) {
+      auto* put = records.emplace_back().mutable_put();
+      put->set_job_id(id);
+      put->set_round(job->round);
+      put->set_key(key);
+      put->set_value(value);
+    });
+  }
+  return records;
+}
+
+absl::Status RendezvousCore::Restore(
+    const v1::JobSnapshot& snapshot,
+    const std::vector<std::pair<std::string, std::string>>& keys,
+    absl::Duration grace, absl::Time now) {
+  const std::string& id = snapshot.job_id();
+  auto bad = [&id](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("journaled job '", id, "': ", why));
+  };
+  if (jobs_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("job '", id, "' is held"));
+  }
+  auto settings = ResolveJobSettings(snapshot.settings());
+  if (!settings.ok()) return bad(settings.status().message());
+  if (snapshot.round() < 0 || snapshot.restart_count() < 0) {
+    return bad("negative round or restart count");
+  }
+  const v1::JobStatus::Phase phase = snapshot.phase();
+  if (phase != v1::JobStatus::COLLECTING && phase != v1::JobStatus::RUNNING &&
+      phase != v1::JobStatus::FINISHED && phase != v1::JobStatus::FAILED) {
+    return bad("no phase");
+  }
+  auto job = std::make_unique<Job>(limits_.store);
+  job->id = id;
+  job->settings = *settings;
+  job->phase = phase;
+  job->round = snapshot.round();
+  job->restart_count = snapshot.restart_count();
+  job->failure = snapshot.failure();
+  job->round_opened = now;
+  job->survivors_unknown = phase == v1::JobStatus::COLLECTING;
+  if (phase != v1::JobStatus::COLLECTING) {
+    job->world_size = snapshot.world_size();
+    job->master_addr = snapshot.master_addr();
+    job->master_port = snapshot.master_port();
+  }
+  // The lease of a detached node runs out `grace` from now.
+  const absl::Time seen = now + grace - job->heartbeat_timeout();
+  for (const auto& member : snapshot.members()) {
+    const SessionId session = next_detached_++;
+    if (auto s = ValidateJoin(member.join(), settings->master_port() > 0);
+        !s.ok()) {
+      return bad(s.message());
+    }
+    if (job->by_incarnation.contains(member.join().node().incarnation())) {
+      return bad("a node incarnation appears twice");
+    }
+    Node& node = job->AddNode(session, member.join());
+    node.last_seen = seen;
+    node.group_rank = member.group_rank();
+    node.first_global_rank = member.first_global_rank();
+    job->SetState(node, member.succeeded() ? v1::NodeStatus::SUCCEEDED
+                                           : v1::NodeStatus::ACTIVE);
+    job->ranked.push_back(session);
+  }
+  if (job->nodes.empty()) {
+    job->forget_at = now + grace;
+  } else {
+    job->lease_check = now + grace;
+  }
+  std::vector<KvStore::Fired> fired;  // nobody waits yet
+  for (const auto& [key, value] : keys) {
+    if (auto s = job->store.Set(key, value, &fired); !s.ok()) {
+      return bad(absl::StrCat("key refused: ", s.message()));
+    }
+  }
+  for (const auto& [session, node] : job->nodes) session_jobs_[session] = id;
+  jobs_.emplace(id, std::move(job));
+  return absl::OkStatus();
 }
 
 std::vector<v1::JobStatus> RendezvousCore::ListJobs(absl::Time now) const {

@@ -27,6 +27,12 @@
 //   a node loss explains it; a loss right after a failure refunds the
 //   failure's restart. All nodes succeeding finishes the job.
 // - A job is forgotten when its last session ends.
+// - Durability (ctrund --state-dir): the owner journals the jobs that each
+//   input changed (Effects::changed_jobs, SnapshotJob) and the store's
+//   mutations; after a restart, Restore brings the jobs back with their
+//   nodes detached, and an agent's join with `resume` reattaches its node
+//   without a new round. A node that does not come back within the grace
+//   is lost like any other.
 #ifndef CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_
 #define CTRUN_RENDEZVOUS_RENDEZVOUS_CORE_H_
 
@@ -34,6 +40,8 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,14 +51,18 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ctrun/v1/admin.pb.h"
+#include "ctrun/v1/journal.pb.h"
 #include "ctrun/v1/rendezvous.pb.h"
 #include "ctrun/v1/store.pb.h"
 #include "rendezvous/kv_store.h"
 
 namespace ctrun {
 
-// Chosen by the owner, unique for the core's lifetime.
+// Chosen by the owner, unique for the core's lifetime, below
+// kDetachedSessions: the core names restored nodes that have not
+// reconnected yet from there up.
 using SessionId = uint64_t;
+inline constexpr SessionId kDetachedSessions = SessionId{1} << 63;
 
 struct Effects {
   // In order per session.
@@ -58,6 +70,8 @@ struct Effects {
   // End these sessions with this status once their messages are sent.
   std::vector<std::pair<SessionId, absl::Status>> finishes;
   std::vector<KvStore::Fired> fired;
+  // Jobs whose journaled state (SnapshotJob) changed, possibly repeated.
+  std::vector<std::string> changed_jobs;
 };
 
 struct RendezvousLimits {
@@ -70,6 +84,10 @@ struct RendezvousLimits {
   // with no restart left fails the job only after this, and a restart spent
   // on a failure is given back if a node of that round is lost within it.
   absl::Duration failure_settle_time = absl::Milliseconds(1500);
+  // A session whose first message has not come this long after it opened
+  // is ended with DEADLINE_EXCEEDED: a client that never speaks holds
+  // nothing for long.
+  absl::Duration first_message_timeout = absl::Seconds(10);
 };
 
 class RendezvousCore {
@@ -80,6 +98,8 @@ class RendezvousCore {
   RendezvousCore(const RendezvousCore&) = delete;
   RendezvousCore& operator=(const RendezvousCore&) = delete;
 
+  // A session opened: its join must come within first_message_timeout.
+  void OnSessionOpened(SessionId session, absl::Time now);
   // A message from the agent on `session`. The first one must be a join;
   // a refused message ends the session (see rendezvous.proto for codes).
   void OnMessage(SessionId session, const v1::AgentMessage& message,
@@ -99,6 +119,22 @@ class RendezvousCore {
   // the next call into the core.
   absl::StatusOr<KvStore*> Store(const v1::StoreScope& scope);
 
+  // What a journal keeps of the job: its round, restart count and, while
+  // it runs, the assignment; nullopt once the job is forgotten.
+  std::optional<v1::JobSnapshot> SnapshotJob(const std::string& job_id) const;
+  // Every job's snapshot followed by its keys: a compact journal.
+  std::vector<v1::JournalRecord> Checkpoint() const;
+  // Brings back a journaled job at `now`. Its members are detached until
+  // their agents resume; those that do not within `grace` are lost. A job
+  // that was collecting comes back empty, keeping its round and restart
+  // count, and is forgotten if no node joins within `grace`.
+  // INVALID_ARGUMENT for a snapshot that does not make sense (the journal
+  // is not ours, or damaged); ALREADY_EXISTS for a job held already.
+  absl::Status Restore(
+      const v1::JobSnapshot& snapshot,
+      const std::vector<std::pair<std::string, std::string>>& keys,
+      absl::Duration grace, absl::Time now);
+
   std::vector<v1::JobStatus> ListJobs(absl::Time now) const;
   absl::StatusOr<v1::JobStatus> DescribeJob(const std::string& job_id,
                                             absl::Time now) const;
@@ -111,6 +147,8 @@ class RendezvousCore {
 
   void OnJoin(SessionId session, const v1::Join& join, absl::Time now,
               Effects* effects);
+  void OnResume(SessionId session, const v1::Join& join, absl::Time now,
+                Effects* effects);
   void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin, absl::Time now,
                 Effects* effects);
   void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
@@ -136,6 +174,8 @@ class RendezvousCore {
   void FinishJob(Job& job, Effects* effects);
   void ForgetJob(const std::string& job_id, Effects* effects);
   void TickJob(Job& job, absl::Time now, Effects* effects);
+  // Finishes the running job when every member has succeeded.
+  void MaybeFinishJob(Job& job, Effects* effects);
 
   v1::Progress MakeProgress(const Job& job, const Node* node,
                             absl::Time now) const;
@@ -146,6 +186,10 @@ class RendezvousCore {
   const RendezvousLimits limits_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   absl::flat_hash_map<SessionId, std::string> session_jobs_;
+  SessionId next_detached_ = kDetachedSessions;
+  // Opened sessions that have not spoken yet, by deadline.
+  std::set<std::pair<absl::Time, SessionId>> silent_;
+  absl::flat_hash_map<SessionId, absl::Time> silent_deadline_;
 };
 
 }  // namespace ctrun

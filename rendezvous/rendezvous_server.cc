@@ -20,6 +20,7 @@
 #include "ctrun/v1/store.grpc.pb.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/journal.h"
 #include "rendezvous/server_stream.h"
 #include "rendezvous/store_request.h"
 
@@ -101,6 +102,17 @@ class RendezvousServer::Impl {
   void LogEffectsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
+  // Restores the jobs of the state directory (if any) into the core.
+  absl::Status RestoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals what `effects` changed; no-op without a state directory.
+  void JournalJobsLocked(const Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals the keys a successful store `request` changed.
+  absl::Status JournalStoreLocked(const v1::StoreRequest& request,
+                                  const KvStore& store)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewrites the journal from a checkpoint when it has grown enough.
+  void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after Start.
   const ServerOptions options_;
@@ -118,6 +130,7 @@ class RendezvousServer::Impl {
   absl::Time timer_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool timer_wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -299,6 +312,10 @@ absl::Status Impl::Start() {
   }
   auto credentials = MakeCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto s = RestoreLocked(); !s.ok()) return s;
+  }
 
   const size_t max_message =
       options_.max_message_bytes > 0
@@ -318,6 +335,9 @@ absl::Status Impl::Start() {
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A connection that never completes its handshake (a port scanner, a
+  // client that never speaks) is dropped after this, not gRPC's 120 s.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
   services_.push_back(std::make_unique<RendezvousService>(this));
   services_.push_back(std::make_unique<StoreService>(this));
   services_.push_back(std::make_unique<AdminService>(this));
@@ -417,6 +437,8 @@ std::shared_ptr<SessionReactor> Impl::NewSession(
   {
     absl::MutexLock lock(&mu_);
     sessions_.emplace(id, reactor);
+    core_.OnSessionOpened(id, MonotonicNow());
+    WakeTimerLocked();
   }
   reactor->Begin(reactor);
   return reactor;
@@ -452,14 +474,122 @@ void Impl::OnSessionDone(SessionId id) {
   sessions_.erase(id);
 }
 
+absl::Status Impl::RestoreLocked() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  std::map<std::string, JournaledJob> jobs;
+  auto journal = Journal::Open(options_.state_dir, &jobs);
+  if (!journal.ok()) return journal.status();
+  const absl::Time now = MonotonicNow();
+  size_t nodes = 0;
+  for (const auto& [id, job] : jobs) {
+    const std::vector<std::pair<std::string, std::string>> keys(
+        job.keys.begin(), job.keys.end());
+    if (auto s =
+            core_.Restore(job.snapshot, keys, options_.reconnect_grace, now);
+        !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot restore ", options_.state_dir, "/journal: ", s.message()));
+    }
+    nodes += job.snapshot.members_size();
+    spdlog::info("restored job {} at round {} ({}) with {} keys", id,
+                 job.snapshot.round(),
+                 v1::JobStatus::Phase_Name(job.snapshot.phase()),
+                 job.keys.size());
+  }
+  journal_ = std::move(*journal);
+  if (auto s = journal_->Rewrite(core_.Checkpoint()); !s.ok()) return s;
+  spdlog::info("state in {}: {} jobs restored, {} nodes have {} to resume",
+               options_.state_dir, jobs.size(), nodes,
+               absl::FormatDuration(options_.reconnect_grace));
+  return absl::OkStatus();
+}
+
+void Impl::JournalJobsLocked(const Effects& effects) {
+  // A service that is stopping ends its sessions without the jobs ending:
+  // the next one resumes them.
+  if (!journal_ || stopping_ || effects.changed_jobs.empty()) return;
+  std::vector<std::string> ids = effects.changed_jobs;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (const auto& id : ids) {
+    v1::JournalRecord record;
+    if (auto snapshot = core_.SnapshotJob(id)) {
+      *record.mutable_job() = std::move(*snapshot);
+    } else {
+      record.set_forget_job(id);
+    }
+    if (auto s = journal_->Append(record, /*sync=*/true); !s.ok()) {
+      spdlog::error("state of job {} not saved: {}", id,
+                    std::string(s.message()));
+    }
+  }
+  MaybeCompactLocked();
+}
+
+absl::Status Impl::JournalStoreLocked(const v1::StoreRequest& request,
+                                      const KvStore& store) {
+  if (!journal_) return absl::OkStatus();
+  std::vector<std::string> changed;
+  switch (request.op_case()) {
+    case v1::StoreRequest::kSet:
+      changed.push_back(request.set().key());
+      break;
+    case v1::StoreRequest::kAdd:
+      changed.push_back(request.add().key());
+      break;
+    case v1::StoreRequest::kCompareSet:
+      changed.push_back(request.compare_set().key());
+      break;
+    case v1::StoreRequest::kMultiSet:
+      for (const auto& e : request.multi_set().entries()) {
+        changed.push_back(e.key());
+      }
+      break;
+    case v1::StoreRequest::kDelete: {
+      v1::JournalRecord record;
+      auto* d = record.mutable_delete_();
+      d->set_job_id(request.scope().job_id());
+      d->set_round(request.scope().round());
+      d->set_key(request.delete_().key());
+      return journal_->Append(record, /*sync=*/false);
+    }
+    default:
+      return absl::OkStatus();  // a read
+  }
+  auto values = store.MultiGet(changed);
+  if (!values.ok()) return values.status();
+  for (size_t i = 0; i < changed.size(); ++i) {
+    v1::JournalRecord record;
+    auto* put = record.mutable_put();
+    put->set_job_id(request.scope().job_id());
+    put->set_round(request.scope().round());
+    put->set_key(changed[i]);
+    put->set_value((*values)[i]);
+    if (auto s = journal_->Append(record, /*sync=*/false); !s.ok()) return s;
+  }
+  MaybeCompactLocked();
+  return absl::OkStatus();
+}
+
+void Impl::MaybeCompactLocked() {
+  if (!journal_->WantsRewrite()) return;
+  if (auto s = journal_->Rewrite(core_.Checkpoint()); !s.ok()) {
+    spdlog::error("cannot compact the journal: {}", std::string(s.message()));
+  }
+}
+
 Delivery Impl::StageLocked(Effects& effects) {
   LogEffectsLocked(effects);
+  JournalJobsLocked(effects);
   Delivery delivery;
   auto reactor_of = [this](SessionId id) -> std::shared_ptr<SessionReactor> {
     auto it = sessions_.find(id);
     return it == sessions_.end() ? nullptr : it->second;
   };
   for (auto& [id, message] : effects.messages) {
+    if (message.has_assignment() && journal_) {
+      message.mutable_assignment()->set_resumable(true);
+    }
     if (auto r = reactor_of(id)) {
       r->Enqueue(std::move(message));
       delivery.flush.push_back(std::move(r));
@@ -487,6 +617,9 @@ void Impl::LogEffectsLocked(const Effects& effects) {
           a.job_id(), a.round(), a.group_world_size(), a.world_size(),
           a.master_addr(), a.master_port(), a.restart_count(),
           a.max_restarts());
+    } else if (message.has_resumed()) {
+      spdlog::info("session {} resumed its node in round {}", id,
+                   message.resumed().round());
     } else if (message.has_job_failed() &&
                message.job_failed().reason() != last_failure) {
       // Every node of the job gets the same reason in one batch; one line.
@@ -520,6 +653,13 @@ void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                                             std::move(answer_later), &response,
                                             &parked, &delivery.fired)
                         : store.status();
+    if (status.ok() && !parked) {
+      if (auto s = JournalStoreLocked(request, **store); !s.ok()) {
+        spdlog::error("store change not saved: {}", std::string(s.message()));
+        status = absl::UnavailableError(absl::StrCat(
+            "the service could not save the change: ", s.message()));
+      }
+    }
     if (parked && *parked != 0) pipe->Track(id, request.scope(), *parked);
     WakeTimerLocked();
   }

@@ -42,6 +42,12 @@ struct ServerOptions {
   // When set, the service speaks TLS.
   std::optional<TlsServerFiles> tls;
   RendezvousLimits limits;
+  // When set, jobs, rounds and store contents are journaled there
+  // (journal.h) and restored by the next service started with it: agents
+  // resume without restarting their workers.
+  std::string state_dir;
+  // How long restored nodes have to resume before they count as lost.
+  absl::Duration reconnect_grace = absl::Seconds(10);
   // The largest request the transport accepts; larger ones fail with
   // RESOURCE_EXHAUSTED before reaching the store. 0: twice the value limit
   // plus room for keys.
@@ -50,9 +56,11 @@ struct ServerOptions {
 
 class RendezvousServer {
  public:
-  // Binds and starts serving. FAILED_PRECONDITION for a token-less
-  // non-loopback address; UNAVAILABLE when the address cannot be bound;
-  // INVALID_ARGUMENT for unreadable TLS files.
+  // Restores the state directory's jobs, binds and starts serving.
+  // FAILED_PRECONDITION for a token-less non-loopback address, a state
+  // directory in use or with a journal that makes no sense; UNAVAILABLE
+  // when the address cannot be bound; INVALID_ARGUMENT for unreadable TLS
+  // files.
   static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(
       ServerOptions options);
 

@@ -11,8 +11,8 @@ std::string WorkerProbePath() { return CTRUN_WORKER_PROBE_PATH; }
 std::string TrainPath() { return CTRUN_TRAIN_PATH; }
 std::string SourceDir() { return CTRUN_SOURCE_DIR; }
 
-Daemon::Daemon(std::vector<std::string> extra_args) {
-  std::vector<std::string> argv = {CtrundPath(), "--listen", "127.0.0.1:0"};
+Daemon::Daemon(std::vector<std::string> extra_args, const std::string& listen) {
+  std::vector<std::string> argv = {CtrundPath(), "--listen", listen};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   process_ = std::make_unique<ChildProcess>(argv);
   auto line = process_->ReadLine(absl::Seconds(10));

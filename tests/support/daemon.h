@@ -21,9 +21,10 @@ std::string SourceDir();
 
 class Daemon {
  public:
-  // Starts ctrund --listen 127.0.0.1:0 plus `extra_args`, and waits for its
+  // Starts ctrund --listen `listen` plus `extra_args`, and waits for its
   // "listening" line. Fails the current test if it does not come.
-  explicit Daemon(std::vector<std::string> extra_args = {});
+  explicit Daemon(std::vector<std::string> extra_args = {},
+                  const std::string& listen = "127.0.0.1:0");
 
   const std::string& endpoint() const { return endpoint_; }
   ChildProcess& process() { return *process_; }

@@ -6,6 +6,8 @@
 #include <optional>
 #include <set>
 
+#include "rendezvous/journal.h"
+
 namespace ctrun {
 namespace {
 
@@ -50,6 +52,13 @@ class Harness {
   void SendJoin(SessionId s, const v1::Join& join) {
     joined_.insert(s);
     Send(s, [&](v1::AgentMessage& m) { *m.mutable_join() = join; });
+  }
+  // Session `s` resumes the node that session `as` joined as.
+  void Resume(SessionId s, SessionId as, const std::string& host,
+              int64_t round) {
+    v1::Join join = MakeJoin(as, host);
+    join.mutable_resume()->set_round(round);
+    SendJoin(s, join);
   }
   void Rejoin(SessionId s, int64_t round) {
     Send(s, [&](v1::AgentMessage& m) {
@@ -116,6 +125,13 @@ class Harness {
       return m.has_progress() ? std::optional(m.progress()) : std::nullopt;
     });
   }
+  std::optional<v1::Resumed> LastResumed(SessionId s) const {
+    return Last<v1::Resumed>(s, [](const v1::ServerMessage& m) {
+      return m.has_resumed() ? std::optional(m.resumed()) : std::nullopt;
+    });
+  }
+  // Jobs named changed since the last Clear.
+  const std::set<std::string>& changed() const { return changed_; }
   bool Finished(SessionId s) const {
     return std::any_of(sent_.at_or(s).begin(), sent_.at_or(s).end(),
                        [](const auto& m) { return m.has_job_finished(); });
@@ -125,7 +141,10 @@ class Harness {
     if (it == ended_.end()) return std::nullopt;
     return it->second;
   }
-  void Clear() { sent_.map.clear(); }
+  void Clear() {
+    sent_.map.clear();
+    changed_.clear();
+  }
 
  private:
   struct Log {
@@ -159,6 +178,7 @@ class Harness {
     for (auto& [s, m] : fx.messages) sent_.map[s].push_back(std::move(m));
     for (auto& [s, status] : fx.finishes) ended_[s] = status;
     for (auto& f : fx.fired) f.callback(std::move(f.result));
+    changed_.insert(fx.changed_jobs.begin(), fx.changed_jobs.end());
   }
 
   v1::JobSettings settings_;
@@ -168,6 +188,7 @@ class Harness {
   std::map<SessionId, absl::Status> ended_;
   std::set<SessionId> joined_;
   std::set<SessionId> silent_;
+  std::set<std::string> changed_;
 };
 
 TEST_CASE("Round closes at max nodes without waiting for last call",
@@ -723,6 +744,212 @@ TEST_CASE("Jobs are independent", "[rendezvous][unit]") {
   REQUIRE(h.LastAssignment(2));
   CHECK(h.LastAssignment(2)->job_id() == "other");
   CHECK(h.core().ListJobs(h.now()).size() == 2);
+}
+
+// What a journal would hold of `from`, restored into `to` at `to`'s now.
+void Restart(Harness& from, Harness& to,
+             absl::Duration grace = absl::Seconds(10)) {
+  std::string bytes;
+  for (const auto& record : from.core().Checkpoint()) {
+    bytes += FrameRecord(record);
+  }
+  size_t dropped = 0;
+  for (const auto& [id, job] : ReplayJournal(bytes, &dropped)) {
+    REQUIRE(to.core()
+                .Restore(job.snapshot, {job.keys.begin(), job.keys.end()},
+                         grace, to.now())
+                .ok());
+  }
+}
+
+TEST_CASE("Rounds, successes and endings name their job as changed",
+          "[rendezvous][restore][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  CHECK(h.changed() == std::set<std::string>{"job"});  // created
+  h.Clear();
+  h.Join(2, "b");
+  CHECK(h.changed() == std::set<std::string>{"job"});  // round closed
+  h.Clear();
+  h.Heartbeat(1);
+  h.Report(1, 0, v1::WorkerReport::RUNNING);
+  CHECK(h.changed().empty());
+  h.Report(1, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK(h.changed() == std::set<std::string>{"job"});
+  auto snapshot = h.core().SnapshotJob("job");
+  REQUIRE(snapshot);
+  CHECK(snapshot->phase() == v1::JobStatus::RUNNING);
+  REQUIRE(snapshot->members_size() == 2);
+  CHECK(snapshot->members(0).succeeded());
+  CHECK_FALSE(snapshot->members(1).succeeded());
+  h.Close(1);
+  h.Close(2);
+  CHECK_FALSE(h.core().SnapshotJob("job"));
+}
+
+TEST_CASE("A restored job takes its nodes back without a new round",
+          "[rendezvous][restore][unit]") {
+  Harness before(2, 2);
+  before.Join(1, "a");
+  before.Join(2, "b");
+  const auto assignment = before.LastAssignment(2);
+  REQUIRE(assignment);
+  auto store = before.core().Store([] {
+    v1::StoreScope scope;
+    scope.set_job_id("job");
+    scope.set_round(0);
+    return scope;
+  }());
+  REQUIRE(store.ok());
+  std::vector<KvStore::Fired> fired;
+  REQUIRE((*store)->Set("k", "v", &fired).ok());
+
+  Harness after(2, 2);
+  Restart(before, after);
+  after.Resume(11, 1, "a", 0);
+  after.Resume(12, 2, "b", 0);
+  REQUIRE(after.LastResumed(11));
+  CHECK(after.LastResumed(12)->round() == 0);
+  CHECK_FALSE(after.LastAssignment(11));
+  CHECK_FALSE(after.LastRestart(11));
+  CHECK_FALSE(after.Ended(11));
+  auto status = after.core().DescribeJob("job", after.now());
+  REQUIRE(status.ok());
+  CHECK(status->phase() == v1::JobStatus::RUNNING);
+  CHECK(status->num_keys() == 1);
+  CHECK(status->world_size() == assignment->world_size());
+  CHECK(status->master_port() == assignment->master_port());
+  CHECK(status->nodes(1).group_rank() == assignment->group_rank());
+
+  // The grace passes without harm once everyone is back.
+  after.Advance(absl::Seconds(20));
+  CHECK_FALSE(after.LastRestart(11));
+  after.Report(11, 0, v1::WorkerReport::SUCCEEDED);
+  after.Report(12, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK(after.Finished(11));
+  CHECK(after.Finished(12));
+}
+
+TEST_CASE("A restored node that does not resume within the grace is lost",
+          "[rendezvous][restore][unit]") {
+  Harness before(1, 2);
+  before.Join(1, "a");
+  before.Join(2, "b");
+  REQUIRE(before.LastAssignment(1));
+  Harness after(1, 2);
+  Restart(before, after, absl::Seconds(4));
+  after.Resume(11, 1, "a", 0);
+  after.Advance(absl::Seconds(3));
+  CHECK_FALSE(after.LastRestart(11));
+  after.Advance(absl::Seconds(2));
+  auto restart = after.LastRestart(11);
+  REQUIRE(restart);
+  CHECK(restart->reason() == RestartRequired::NODE_LOST);
+  CHECK(restart->detail().find("did not resume") != std::string::npos);
+  CHECK(restart->restart_count() == 0);
+}
+
+TEST_CASE("A succeeded node that resumes into a finished job is told so",
+          "[rendezvous][restore][unit]") {
+  Harness before(2, 2);
+  before.Join(1, "a");
+  before.Join(2, "b");
+  before.Report(1, 0, v1::WorkerReport::SUCCEEDED);
+  Harness after(2, 2);
+  Restart(before, after);
+  after.Resume(12, 2, "b", 0);
+  after.Report(12, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK(after.Finished(12));
+  after.Resume(11, 1, "a", 0);
+  CHECK(after.LastResumed(11));
+  CHECK(after.Finished(11));
+}
+
+TEST_CASE("A resume the service cannot honour ends with NOT_FOUND",
+          "[rendezvous][restore][unit]") {
+  Harness before(2, 2);
+  before.Join(1, "a");
+  before.Join(2, "b");
+  Harness after(2, 2);
+  Restart(before, after);
+
+  after.Resume(11, 1, "a", 3);  // not the job's round
+  after.Resume(12, 7, "z", 0);  // not a node of the job
+  after.Resume(13, 1, "a", 0);
+  after.Resume(14, 1, "a", 0);  // resumed already
+  Harness empty(2, 2);
+  empty.Resume(15, 1, "a", 0);  // no such job
+  for (auto [h, s] : {std::pair{&after, 11}, std::pair{&after, 12},
+                      std::pair{&after, 14}, std::pair{&empty, 15}}) {
+    auto ended = h->Ended(s);
+    REQUIRE(ended);
+    CHECK(absl::IsNotFound(*ended));
+    CHECK(ended->message().find("join afresh") != std::string::npos);
+  }
+  CHECK(after.LastResumed(13));
+}
+
+TEST_CASE("A collecting job comes back empty with its round and restarts",
+          "[rendezvous][restore][unit]") {
+  Harness before(2, 2, /*max_restarts=*/3);
+  before.Join(1, "a");
+  before.Join(2, "b");
+  before.Report(1, 0, v1::WorkerReport::FAILED);  // round 1 collects
+  REQUIRE(before.LastRestart(1));
+
+  SECTION("its nodes join again and meet like a first round") {
+    Harness after(2, 2, 3);
+    Restart(before, after);
+    after.Join(21, "a");
+    CHECK_FALSE(after.LastAssignment(21));
+    after.Join(22, "b");
+    auto a = after.LastAssignment(21);
+    REQUIRE(a);
+    CHECK(a->round() == 1);
+    CHECK(a->restart_count() == 1);
+  }
+  SECTION("nobody comes: forgotten after the grace") {
+    Harness after(2, 2, 3);
+    Restart(before, after, absl::Seconds(5));
+    CHECK(after.core().num_jobs() == 1);
+    after.Advance(absl::Seconds(6));
+    CHECK(after.core().num_jobs() == 0);
+  }
+}
+
+TEST_CASE("A session that never sends its join is ended after a while",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.core().OnSessionOpened(5, h.now());
+  h.core().OnSessionOpened(6, h.now());
+  h.Join(6, "a");
+  CHECK(h.core().NextDeadline() <= h.now() + absl::Seconds(10));
+  h.Advance(absl::Seconds(9));
+  CHECK_FALSE(h.Ended(5));
+  h.Advance(absl::Seconds(2));
+  auto ended = h.Ended(5);
+  REQUIRE(ended);
+  CHECK(absl::IsDeadlineExceeded(*ended));
+  CHECK(ended->message() == "no join within 10s of opening the session");
+  CHECK_FALSE(h.Ended(6));
+  CHECK(h.LastAssignment(6));
+}
+
+TEST_CASE("Snapshots that make no sense are refused on restore",
+          "[rendezvous][restore][unit]") {
+  Harness h;
+  v1::JobSnapshot s;
+  s.set_job_id("j");
+  CHECK(absl::IsInvalidArgument(
+      h.core().Restore(s, {}, absl::Seconds(1), h.now())));  // no phase
+  s.set_phase(v1::JobStatus::RUNNING);
+  s.add_members()->mutable_join()->set_job_id("j");  // no identity
+  CHECK(absl::IsInvalidArgument(
+      h.core().Restore(s, {}, absl::Seconds(1), h.now())));
+  s.clear_members();
+  REQUIRE(h.core().Restore(s, {}, absl::Seconds(1), h.now()).ok());
+  CHECK(absl::IsAlreadyExists(
+      h.core().Restore(s, {}, absl::Seconds(1), h.now())));
 }
 
 }  // namespace
