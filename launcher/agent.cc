@@ -137,8 +137,9 @@ int Agent::Run() {
 }
 
 void Agent::Poll(absl::Time now) {
-  const absl::Time next = std::min({next_heartbeat_, kill_deadline_,
-                                    give_up_deadline_, first_answer_deadline_});
+  const absl::Time next =
+      std::min({next_heartbeat_, kill_deadline_, give_up_deadline_,
+                first_answer_deadline_, reconnect_deadline_});
   int timeout_ms = -1;
   if (next != absl::InfiniteFuture()) {
     timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -185,6 +186,16 @@ void Agent::OnTimers(absl::Time now) {
     Finish(1);
     return;
   }
+  if (now >= reconnect_deadline_) {
+    reconnect_deadline_ = absl::InfiniteFuture();
+    Say(absl::StrCat("could not reconnect to the rendezvous at ",
+                     config_.connection.endpoint(), " within ",
+                     absl::FormatDuration(config_.options.reconnect_timeout),
+                     " (--rdzv_conf reconnect_timeout); stopping the workers"));
+    gave_up_reconnecting_ = true;
+    if (session_) session_->Cancel();
+    StopWorkers(SIGTERM);
+  }
   if (now >= next_heartbeat_) {
     SendHeartbeat();
     next_heartbeat_ = now + config_.options.keep_alive_interval;
@@ -215,8 +226,14 @@ void Agent::OnTimers(absl::Time now) {
 
 // --- rendezvous -------------------------------------------------------------
 
-void Agent::OpenSession() {
+void Agent::OpenSession(std::optional<int64_t> resume_round) {
   const auto& o = config_.options;
+  {
+    absl::MutexLock lock(&session_mu_);
+    inbox_.clear();
+    session_end_.reset();
+  }
+  session_ended_ = false;
   v1::Join join;
   join.set_job_id(o.run_id);
   auto* s = join.mutable_settings();
@@ -229,9 +246,13 @@ void Agent::OpenSession() {
   s->set_master_port(o.master_port);
   join.mutable_node()->set_hostname(config_.hostname);
   join.mutable_node()->set_pid(getpid());
-  std::random_device rd;
-  join.mutable_node()->set_incarnation(
-      ((static_cast<uint64_t>(rd()) << 32) | rd()) | 1);
+  // A fresh incarnation for each join; a resume keeps the node's.
+  if (!resume_round || incarnation_ == 0) {
+    std::random_device rd;
+    incarnation_ = ((static_cast<uint64_t>(rd()) << 32) | rd()) | 1;
+  }
+  join.mutable_node()->set_incarnation(incarnation_);
+  if (resume_round) join.mutable_resume()->set_round(*resume_round);
   join.set_address(config_.address);
   join.set_local_world_size(o.local_world_size);
   join.set_node_rank_hint(o.node_rank);
@@ -254,9 +275,10 @@ void Agent::OpenSession() {
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof one);
   };
+  session_.reset();  // the broken one, if any: done already
   session_ = SessionStream::Start(config_.connection, join, handlers);
   next_heartbeat_ = MonotonicNow() + o.keep_alive_interval;
-  first_answer_deadline_ = MonotonicNow() + o.join_timeout;
+  if (!resume_round) first_answer_deadline_ = MonotonicNow() + o.join_timeout;
 }
 
 void Agent::DrainSession() {
@@ -271,11 +293,60 @@ void Agent::DrainSession() {
   if (end && !session_ended_) {
     session_ended_ = true;
     next_heartbeat_ = absl::InfiniteFuture();
-    if (!job_finished_ && !job_failed_ && !exit_signal_) {
-      Say(absl::StrCat("lost the rendezvous at ", config_.connection.endpoint(),
-                       ": ", end->ToString()));
-      StopWorkers(SIGTERM);
+    OnSessionEnd(*end);
+  }
+}
+
+void Agent::OnSessionEnd(const absl::Status& status) {
+  if (job_finished_ || job_failed_ || exit_signal_ || gave_up_reconnecting_) {
+    return;
+  }
+  const std::string& endpoint = config_.connection.endpoint();
+  const bool resuming = reconnect_deadline_ != absl::InfiniteFuture();
+  reconnect_deadline_ = absl::InfiniteFuture();
+  if (resuming && absl::IsNotFound(status)) {
+    Say(absl::StrCat("the rendezvous at ", endpoint, " is back but ",
+                     status.message(), "; stopping the workers"));
+    join_afresh_ = true;
+    StopWorkers(SIGTERM);
+    return;
+  }
+  // The service went away (killed, restarted, or the network): a service
+  // that keeps its state takes the node back with its workers running.
+  const bool transport = absl::IsUnavailable(status) ||
+                         absl::IsCancelled(status) || absl::IsUnknown(status) ||
+                         absl::IsInternal(status);
+  if (transport && assignment_ && assignment_->resumable() && !stopping_) {
+    if (resuming) {
+      reconnect_deadline_ = resume_until_;
+    } else {
+      reconnect_deadline_ = resume_until_ =
+          MonotonicNow() + config_.options.reconnect_timeout;
+      Say(absl::StrCat(
+          "lost the rendezvous at ", endpoint, " (", status.ToString(),
+          "); the workers keep running while ctrun reconnects (up to ",
+          absl::FormatDuration(config_.options.reconnect_timeout), ")"));
     }
+    OpenSession(assignment_->round());
+    return;
+  }
+  Say(absl::StrCat("lost the rendezvous at ", endpoint, ": ",
+                   status.ToString()));
+  StopWorkers(SIGTERM);
+}
+
+void Agent::OnResumed(const v1::Resumed& resumed) {
+  reconnect_deadline_ = absl::InfiniteFuture();
+  Say(absl::StrCat("resumed with the rendezvous at ",
+                   config_.connection.endpoint(), " in round ", resumed.round(),
+                   "; the workers kept running"));
+  // A report sent while the service was away may be lost: say it again.
+  if (failed_this_round_ && !failures_.empty()) {
+    Report(v1::WorkerReport::FAILED, &failures_.front());
+  } else if (reported_success_) {
+    Report(v1::WorkerReport::SUCCEEDED);
+  } else {
+    Report(v1::WorkerReport::RUNNING);
   }
 }
 
@@ -306,6 +377,9 @@ void Agent::OnServerMessage(const v1::ServerMessage& m) {
       return;
     case v1::ServerMessage::kProgress:
       ReportProgress(m.progress());
+      return;
+    case v1::ServerMessage::kResumed:
+      OnResumed(m.resumed());
       return;
     case v1::ServerMessage::KIND_NOT_SET:
       return;
@@ -398,6 +472,13 @@ void Agent::Advance() {
     return Finish(1);
   }
   if (job_finished_) return Finish(0);
+  if (join_afresh_) {
+    join_afresh_ = false;
+    assignment_.reset();
+    workers_.clear();
+    OpenSession();
+    return;
+  }
   if (session_ended_) return Finish(1);
   if (rejoin_round_) {
     v1::AgentMessage m;

@@ -85,8 +85,12 @@ class Agent {
   void Advance();
 
   // Rendezvous.
-  void OpenSession();
+  // Joins, or with `resume_round` resumes this node in that round.
+  void OpenSession(std::optional<int64_t> resume_round = std::nullopt);
   void DrainSession();
+  // The session ended with `status`: resume, give up, or nothing to do.
+  void OnSessionEnd(const absl::Status& status);
+  void OnResumed(const v1::Resumed& resumed);
   void OnServerMessage(const v1::ServerMessage& message);
   void ReportProgress(const v1::Progress& progress);
   void Report(v1::WorkerReport::State state,
@@ -125,7 +129,13 @@ class Agent {
   std::deque<v1::ServerMessage> inbox_ ABSL_GUARDED_BY(session_mu_);
   std::optional<absl::Status> session_end_ ABSL_GUARDED_BY(session_mu_);
   bool session_ended_ = false;  // seen by the loop
-  bool closing_session_ = false;
+  uint64_t incarnation_ = 0;
+  // While reconnecting after a broken session: when to give up.
+  absl::Time reconnect_deadline_ = absl::InfiniteFuture();
+  absl::Time resume_until_ = absl::InfiniteFuture();
+  bool gave_up_reconnecting_ = false;
+  // The rendezvous lost this node: once the workers stop, join afresh.
+  bool join_afresh_ = false;
 
   std::optional<v1::Assignment> assignment_;
   std::vector<Worker> workers_;

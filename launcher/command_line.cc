@@ -56,7 +56,8 @@ const std::vector<FlagSpec>& Flags() {
        "none)"},
       {"rdzv_conf", 0, Kind::kValue, "", "KEY=VALUE,...",
        "join_timeout, last_call_timeout, heartbeat_timeout, "
-       "keep_alive_interval (seconds); is_host=0|1; token_file, tls_ca, "
+       "keep_alive_interval, reconnect_timeout (seconds); is_host=0|1; "
+       "token_file, tls_ca, "
        "tls_cert, tls_key (paths)"},
       {"standalone", 0, Kind::kBool, "0", "",
        "one node: host the rendezvous in this process on a free loopback "
@@ -199,6 +200,7 @@ const std::set<std::string>& RdzvConfKeys() {
       "keep_alive_interval",
       "keep_alive_max_attempt",
       "read_timeout",
+      "reconnect_timeout",
       "timeout",
       "is_host",
       "token_file",
@@ -525,7 +527,8 @@ absl::StatusOr<CommandLine> ParseCommandLine(
          {TimeKey{"join_timeout", &o.join_timeout},
           TimeKey{"last_call_timeout", &o.last_call_timeout},
           TimeKey{"heartbeat_timeout", &o.heartbeat_timeout},
-          TimeKey{"keep_alive_interval", &o.keep_alive_interval}}) {
+          TimeKey{"keep_alive_interval", &o.keep_alive_interval},
+          TimeKey{"reconnect_timeout", &o.reconnect_timeout}}) {
       auto it = o.rdzv_conf.find(t.key);
       if (it == o.rdzv_conf.end()) continue;
       auto d = ToSeconds(it->second);

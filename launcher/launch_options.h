@@ -71,6 +71,9 @@ struct LaunchOptions {
   absl::Duration last_call_timeout = absl::Seconds(30);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration keep_alive_interval = absl::Seconds(1);
+  // How long an agent whose session broke keeps its workers running while
+  // it reconnects, when the rendezvous keeps state across restarts.
+  absl::Duration reconnect_timeout = absl::Seconds(60);
 
   // Workers.
   std::string entrypoint;
