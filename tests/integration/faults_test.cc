@@ -1,0 +1,280 @@
+// Faults of the service itself: ctrund killed and restarted under running
+// jobs, clients that never speak, and many clients at once. Agents are real
+// ctrun processes, each standing for a node on its own loopback address.
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "ctrun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/client.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+#include "tests/support/session_probe.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+// A fresh path under the test's temporary directory.
+std::string TempPath(const std::string& name) {
+  const std::string path = std::filesystem::temp_directory_path() /
+                           absl::StrCat("ctrun-", name, "-", getpid());
+  std::filesystem::remove_all(path);
+  return path;
+}
+
+// One agent on 127.0.0.<n>; its workers print who they are and their pid,
+// then wait for `done` to exist.
+std::unique_ptr<ChildProcess> Node(int n, std::vector<std::string> flags,
+                                   const std::string& done) {
+  std::vector<std::string> argv = {
+      CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
+      absl::StrCat("--log_line_prefix_template=N", n, "| ")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(),
+              {"/bin/sh", "-c",
+               absl::StrCat("echo \"world=$WORLD_SIZE pid=$$ "
+                            "restart=$TORCHELASTIC_RESTART_COUNT\"; "
+                            "while [ ! -e ",
+                            done, " ]; do sleep 0.05; done")});
+  return std::make_unique<ChildProcess>(argv);
+}
+
+std::vector<std::string> Flags(const std::string& endpoint,
+                               const std::string& nnodes,
+                               const std::string& extra_conf = "") {
+  return {
+      "--nnodes=" + nnodes,  "--nproc_per_node=1",
+      "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
+      "--rdzv_id=faults",    "--rdzv_conf=last_call_timeout=1" + extra_conf};
+}
+
+// The pid in a worker's "world=N pid=P" line.
+pid_t WorkerPid(const std::string& line) {
+  std::smatch m;
+  REQUIRE(std::regex_search(line, m, std::regex("pid=([0-9]+)")));
+  return std::stoi(m[1]);
+}
+
+bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+StoreClient Store(const Daemon& daemon, int64_t round = 0) {
+  return StoreClient(daemon.Connect(), "faults", round);
+}
+
+TEST_CASE("ctrund killed and restarted with its state dir loses no job",
+          "[faults][integration]") {
+  const std::string state = TempPath("state");
+  const std::string done = TempPath("done");
+  auto first =
+      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
+  const std::string endpoint = first->endpoint();
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  std::vector<pid_t> workers;
+  for (int n : {2, 3}) nodes.push_back(Node(n, Flags(endpoint, "2"), done));
+  for (auto& node : nodes) {
+    auto line = node->WaitForLine("world=2", kWait);
+    REQUIRE(line);
+    workers.push_back(WorkerPid(*line));
+  }
+  REQUIRE(Store(*first).Set("checkpoint", "step-1200").ok());
+  REQUIRE(Store(*first).Add("counter", 5).ok());
+
+  first->process().Signal(SIGKILL);
+  REQUIRE(first->process().Wait(kWait));
+  for (auto& node : nodes) {
+    CHECK(node->StderrContains("the workers keep running", kWait));
+  }
+  Daemon second({"--state-dir", state}, endpoint);
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->StderrContains("resumed with the rendezvous", kWait));
+  }
+  for (pid_t pid : workers) CHECK(Alive(pid));
+  auto checkpoint = Store(second).Get("checkpoint");
+  REQUIRE(checkpoint.ok());
+  CHECK(*checkpoint == "step-1200");
+  CHECK(*Store(second).Add("counter", 1) == 6);
+  auto job = AdminClient(second.Connect()).DescribeJob("faults");
+  REQUIRE(job.ok());
+  CHECK(job->phase() == v1::JobStatus::RUNNING);
+  CHECK(job->round() == 0);
+  CHECK(job->restart_count() == 0);
+
+  std::ofstream(done) << "";
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->Wait(kWait) == 0);
+    // The workers ran once: no second start after the restart.
+    CHECK(node->ReadAll(kWait).find("world=") == std::string::npos);
+  }
+  CHECK(second.process().StderrContains("1 jobs restored", kWait));
+  std::filesystem::remove_all(state);
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("ctrund killed without a state dir stops the job cleanly",
+          "[faults][integration]") {
+  const std::string done = TempPath("done");
+  Daemon daemon;
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  std::vector<pid_t> workers;
+  for (int n : {2, 3}) {
+    nodes.push_back(Node(n, Flags(daemon.endpoint(), "2"), done));
+  }
+  for (auto& node : nodes) {
+    auto line = node->WaitForLine("world=2", kWait);
+    REQUIRE(line);
+    workers.push_back(WorkerPid(*line));
+  }
+  daemon.process().Signal(SIGKILL);
+  for (auto& node : nodes) {
+    CHECK(node->Wait(kWait) == 1);
+    CHECK(node->StderrContains("lost the rendezvous at " + daemon.endpoint(),
+                               absl::ZeroDuration()));
+  }
+  for (pid_t pid : workers) CHECK_FALSE(Alive(pid));
+}
+
+TEST_CASE("Agents whose restored node is unknown stop and join afresh",
+          "[faults][integration]") {
+  const std::string state = TempPath("state");
+  const std::string done = TempPath("done");
+  auto first =
+      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
+  const std::string endpoint = first->endpoint();
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n : {2, 3}) nodes.push_back(Node(n, Flags(endpoint, "2"), done));
+  for (auto& node : nodes) REQUIRE(node->WaitForLine("world=2", kWait));
+  first->process().Signal(SIGKILL);
+  REQUIRE(first->process().Wait(kWait));
+  // Restarted without its state: it knows nothing of the job.
+  Daemon second({}, endpoint);
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->StderrContains("stopping the workers", kWait));
+    CHECK(node->WaitForLine("world=2", kWait));  // a new round, fresh workers
+  }
+  std::ofstream(done) << "";
+  for (auto& node : nodes) CHECK(node->Wait(kWait) == 0);
+  std::filesystem::remove_all(state);
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("A node that does not come back after a ctrund restart is lost",
+          "[faults][integration]") {
+  const std::string state = TempPath("state");
+  const std::string done = TempPath("done");
+  auto first =
+      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
+  const std::string endpoint = first->endpoint();
+  auto survivor = Node(2, Flags(endpoint, "1:2"), done);
+  auto victim = Node(3, Flags(endpoint, "1:2"), done);
+  REQUIRE(survivor->WaitForLine("world=2", kWait));
+  auto victim_worker = victim->WaitForLine("world=2", kWait);
+  REQUIRE(victim_worker);
+  first->process().Signal(SIGKILL);
+  victim->Signal(SIGKILL);
+  REQUIRE(first->process().Wait(kWait));
+  REQUIRE(victim->Wait(kWait));
+  Daemon second({"--state-dir", state, "--reconnect-grace", "2"}, endpoint);
+  CHECK(survivor->StderrContains("resumed with the rendezvous", kWait));
+  auto restarted = survivor->WaitForLine("world=1", kWait);
+  REQUIRE(restarted);
+  CHECK(restarted->find("restart=0") != std::string::npos);  // a loss is free
+  CHECK(survivor->StderrContains("did not resume", absl::ZeroDuration()));
+  std::ofstream(done) << "";
+  CHECK(survivor->Wait(kWait) == 0);
+  std::filesystem::remove_all(state);
+  std::filesystem::remove(done);
+}
+
+TEST_CASE("Agents give up on a ctrund that does not come back",
+          "[faults][integration]") {
+  const std::string state = TempPath("state");
+  const std::string done = TempPath("done");
+  Daemon daemon({"--state-dir", state});
+  auto node =
+      Node(2, Flags(daemon.endpoint(), "1", ",reconnect_timeout=2"), done);
+  auto line = node->WaitForLine("world=1", kWait);
+  REQUIRE(line);
+  daemon.process().Signal(SIGKILL);
+  CHECK(node->Wait(kWait) == 1);
+  CHECK(node->StderrContains("could not reconnect to the rendezvous",
+                             absl::ZeroDuration()));
+  CHECK_FALSE(Alive(WorkerPid(*line)));
+  std::filesystem::remove_all(state);
+}
+
+TEST_CASE("A second ctrund on the same state dir is refused",
+          "[faults][integration]") {
+  const std::string state = TempPath("state");
+  Daemon first({"--state-dir", state});
+  ChildProcess second(
+      {CtrundPath(), "--listen", "127.0.0.1:0", "--state-dir", state});
+  CHECK(second.Wait(kWait) == 1);
+  CHECK(second.StderrContains("is in use by another ctrund",
+                              absl::ZeroDuration()));
+  std::filesystem::remove_all(state);
+}
+
+TEST_CASE("Clients that never speak are dropped and hold nothing",
+          "[faults][integration]") {
+  Daemon daemon;
+  // Raw TCP connections that never start HTTP/2.
+  std::vector<int> sockets;
+  for (int i = 0; i < 50; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(
+        std::stoi(daemon.endpoint().substr(daemon.endpoint().rfind(':') + 1))));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    sockets.push_back(fd);
+  }
+  // A session stream that is opened but never sends its join.
+  auto stub = v1::Rendezvous::NewStub(daemon.Connect().channel());
+  grpc::ClientContext context;
+  auto stream = stub->Session(&context);
+  // Others are served meanwhile.
+  JoinSpec spec;
+  spec.job = "busy";
+  SessionProbe probe(daemon.Connect(), MakeJoin(spec));
+  CHECK(probe.NextAssignment(kWait));
+
+  const absl::Time start = absl::Now();
+  v1::ServerMessage message;
+  CHECK_FALSE(stream->Read(&message));
+  const grpc::Status status = stream->Finish();
+  CHECK(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  CHECK(status.error_message().find("no join within") != std::string::npos);
+  CHECK(absl::Now() - start < absl::Seconds(15));
+  // The silent connections are closed by the service's handshake timeout:
+  // after its greeting, the next read sees the end.
+  for (int fd : sockets) {
+    timeval timeout{15, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    char buffer[256];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof buffer)) > 0) {
+    }
+    CHECK(n == 0);  // not -1: that would be the 15 s timeout
+    close(fd);
+  }
+  CHECK(absl::Now() - start < absl::Seconds(20));
+}
+
+}  // namespace
+}  // namespace ctrun::testing
