@@ -1,6 +1,7 @@
 // The real ctrund process on 127.0.0.1:0, driven by in-process sessions and
 // by test_agent processes.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,10 +33,17 @@ std::string WriteTempFile(const std::string& content) {
   return path;
 }
 
-TEST_CASE("256 concurrent sessions rendezvous into a permutation of ranks",
+TEST_CASE("1000 clients connecting at once rendezvous into a permutation",
           "[ctrund][integration]") {
+  // Each client has its own TCP connection: two descriptors or so apiece.
+  rlimit limit{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &limit) == 0);
+  limit.rlim_cur = limit.rlim_max;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &limit) == 0);
+  INFO("the hard limit on open files is too low for 1000 connections");
+  REQUIRE(limit.rlim_cur >= 2500);
   Daemon daemon;
-  constexpr int kNodes = 256;
+  constexpr int kNodes = 1000;
   std::mt19937 rng(42);
   std::vector<int> sizes(kNodes);
   for (int& s : sizes) s = 1 + static_cast<int>(rng() % 4);
