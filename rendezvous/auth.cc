@@ -1,5 +1,8 @@
 #include "rendezvous/auth.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -61,8 +64,12 @@ std::optional<std::string> MungeCredentialIn(absl::string_view received) {
   return std::string(received);
 }
 
-bool BearerMatches(absl::string_view received, absl::string_view token) {
-  const std::string expected = BearerValue(token);
+namespace {
+
+constexpr absl::string_view kJobTokenPrefix = "job.";
+
+bool ConstantTimeEquals(absl::string_view received,
+                        absl::string_view expected) {
   // Every byte of the expected value is looked at whatever arrives, so the
   // time taken does not tell how much of a guess was right.
   unsigned char diff = received.size() == expected.size() ? 0 : 1;
@@ -72,6 +79,44 @@ bool BearerMatches(absl::string_view received, absl::string_view token) {
     diff |= got ^ static_cast<unsigned char>(expected[i]);
   }
   return diff == 0;
+}
+
+std::string JobMac(absl::string_view secret, absl::string_view job_id) {
+  // Bound to its purpose, so that the MAC is of no use anywhere else.
+  const std::string message = absl::StrCat("ctrun job token v1\n", job_id);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+       mac, &length);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(mac), length));
+}
+
+}  // namespace
+
+std::string JobToken(absl::string_view secret, absl::string_view job_id) {
+  return absl::StrCat(kJobTokenPrefix, job_id, ".", JobMac(secret, job_id));
+}
+
+std::optional<std::string> JobAdmittedBy(absl::string_view received,
+                                         absl::string_view secret) {
+  if (!absl::ConsumePrefix(&received, "Bearer ") ||
+      !absl::ConsumePrefix(&received, kJobTokenPrefix)) {
+    return std::nullopt;
+  }
+  // Job ids may hold dots; the MAC (hex) holds none.
+  const size_t dot = received.rfind('.');
+  if (dot == absl::string_view::npos || dot == 0) return std::nullopt;
+  const absl::string_view job_id = received.substr(0, dot);
+  if (!ConstantTimeEquals(received.substr(dot + 1), JobMac(secret, job_id))) {
+    return std::nullopt;
+  }
+  return std::string(job_id);
+}
+
+bool BearerMatches(absl::string_view received, absl::string_view token) {
+  return ConstantTimeEquals(received, BearerValue(token));
 }
 
 }  // namespace ctrun

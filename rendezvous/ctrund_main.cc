@@ -19,6 +19,7 @@
 #include "rendezvous/client.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_log.h"
+#include "rendezvous/job_settings.h"
 #include "rendezvous/rendezvous_server.h"
 #include "rendezvous/status_report.h"
 
@@ -149,6 +150,21 @@ int RunDaemon(const DaemonFlags& flags) {
   return 0;
 }
 
+struct JobTokenFlags {
+  std::string token_file;
+  std::string job;
+};
+
+int RunJobToken(const JobTokenFlags& flags) {
+  std::string secret;
+  if (!LoadToken(flags.token_file, &secret)) return kUsageError;
+  if (auto s = CheckJobId(flags.job); !s.ok()) {
+    return Fail(absl::StrCat("--job: ", s.message()), kUsageError);
+  }
+  std::cout << JobToken(secret, flags.job) << "\n";
+  return 0;
+}
+
 int RunStatus(const StatusFlags& flags) {
   ConnectionOptions options;
   options.endpoint = flags.endpoint;
@@ -250,6 +266,18 @@ int main(int argc, char** argv) {
   status_cmd->add_option("--tls-server-name", status.tls_server_name,
                          "name to check in the service's certificate");
 
+  JobTokenFlags job_token;
+  CLI::App* job_token_cmd = app.add_subcommand(
+      "job-token",
+      "print a token that admits one job only (its agents and workers "
+      "cannot reach other jobs), derived from the service's token");
+  job_token_cmd
+      ->add_option("--token-file", job_token.token_file,
+                   "file holding the service's token")
+      ->required();
+  job_token_cmd->add_option("--job", job_token.job, "the job's rendezvous id")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -261,5 +289,6 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   if (status_cmd->parsed()) return RunStatus(status);
+  if (job_token_cmd->parsed()) return RunJobToken(job_token);
   return RunDaemon(daemon);
 }

@@ -1,8 +1,32 @@
 #include "rendezvous/job_settings.h"
 
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace ctrun {
+
+absl::Status CheckJobId(absl::string_view id) {
+  constexpr size_t kMaxJobIdBytes = 128;
+  auto valid = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
+           c == '/' || c == '-';
+  };
+  if (id.empty() || id.size() > kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id must be 1..", kMaxJobIdBytes, " bytes, got ", id.size()));
+  }
+  if (auto bad = std::find_if_not(id.begin(), id.end(), valid);
+      bad != id.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id may hold only [A-Za-z0-9._:/-], not byte 0x",
+        absl::Hex(static_cast<unsigned char>(*bad), absl::kZeroPad2), " ('",
+        absl::CHexEscape(absl::string_view(&*bad, 1)), "')"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<v1::JobSettings> ResolveJobSettings(v1::JobSettings s) {
   if (s.min_nodes() < 0 || s.max_nodes() < 0) {

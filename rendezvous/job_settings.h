@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ctrun/v1/rendezvous.pb.h"
 
 namespace ctrun {
@@ -18,6 +19,9 @@ inline constexpr int64_t kDefaultHeartbeatTimeoutMs = 5'000;
 
 // The largest job the service accepts; rounds are O(nodes) to close.
 inline constexpr int32_t kMaxNodesPerJob = 65536;
+
+// INVALID_ARGUMENT unless `id` is 1..128 bytes of [A-Za-z0-9._:/-].
+absl::Status CheckJobId(absl::string_view id);
 
 // `settings` with zero fields replaced by defaults, validated.
 // INVALID_ARGUMENT names the field and the accepted range.

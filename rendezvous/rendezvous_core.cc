@@ -132,25 +132,12 @@ namespace {
 
 constexpr size_t kMaxLostShown = 32;
 constexpr int kMaxNamesInProgress = 16;
-constexpr size_t kMaxJobIdBytes = 128;
 constexpr size_t kMaxHostBytes = 255;
 constexpr int32_t kMaxLocalWorldSize = 65536;
 constexpr size_t kMaxFailureMessageBytes = 4096;
 
-bool ValidJobIdChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
-         c == '/' || c == '-';
-}
-
 absl::Status ValidateJoin(const v1::Join& join, bool port_fixed) {
-  const std::string& id = join.job_id();
-  if (id.empty() || id.size() > kMaxJobIdBytes ||
-      !std::all_of(id.begin(), id.end(), ValidJobIdChar)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job id must be 1..", kMaxJobIdBytes,
-        " characters of [A-Za-z0-9._:/-], got ", id.size(), " bytes"));
-  }
+  if (auto s = CheckJobId(join.job_id()); !s.ok()) return s;
   const auto& node = join.node();
   if (node.hostname().empty() || node.hostname().size() > kMaxHostBytes) {
     return absl::InvalidArgumentError(

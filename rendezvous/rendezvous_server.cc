@@ -42,6 +42,19 @@ struct Parked {
   KvStore::WaiterId waiter;
 };
 
+// What a caller's credentials let it reach: every job, or one (a job
+// token, auth.h).
+struct Access {
+  std::optional<std::string> job;
+  bool Allows(const std::string& job_id) const {
+    return !job || *job == job_id;
+  }
+  absl::Status Refusal(const std::string& job_id) const {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this token is for job '", *job, "', not job '", job_id, "'"));
+  }
+};
+
 // What to do once the service mutex is released.
 struct Delivery {
   std::vector<std::shared_ptr<SessionReactor>> flush;
@@ -59,15 +72,17 @@ class RendezvousServer::Impl {
   void Shutdown();
   const Endpoint& endpoint() const { return bound_; }
 
-  // UNAUTHENTICATED or PERMISSION_DENIED (and a log line) unless the call
-  // carries the token or an acceptable munge credential.
-  absl::Status Authorize(grpc::CallbackServerContext* ctx,
-                         const char* method) const;
+  // What the call may reach; UNAUTHENTICATED or PERMISSION_DENIED (and a
+  // log line) unless it carries the token, a job token or an acceptable
+  // munge credential.
+  absl::StatusOr<Access> Authorize(grpc::CallbackServerContext* ctx,
+                                   const char* method) const;
   absl::Status CheckMunge(const std::string& credential) const;
 
   // Sessions.
   std::shared_ptr<SessionReactor> NewSession(grpc::CallbackServerContext* ctx);
-  void OnSessionMessage(SessionId id, const v1::AgentMessage& message);
+  void OnSessionMessage(SessionId id, const Access& access,
+                        const v1::AgentMessage& message);
   void OnSessionClosed(SessionId id);
   void OnSessionDone(SessionId id);
 
@@ -86,11 +101,18 @@ class RendezvousServer::Impl {
     return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
   }
 
-  std::vector<v1::JobStatus> ListJobs() {
+  std::vector<v1::JobStatus> ListJobs(const Access& access) {
     absl::MutexLock lock(&mu_);
+    if (access.job) {
+      auto job = core_.DescribeJob(*access.job, MonotonicNow());
+      if (!job.ok()) return {};
+      return {*std::move(job)};
+    }
     return core_.ListJobs(MonotonicNow());
   }
-  absl::StatusOr<v1::JobStatus> DescribeJob(const std::string& id) {
+  absl::StatusOr<v1::JobStatus> DescribeJob(const Access& access,
+                                            const std::string& id) {
+    if (!access.Allows(id)) return access.Refusal(id);
     absl::MutexLock lock(&mu_);
     return core_.DescribeJob(id, MonotonicNow());
   }
@@ -143,10 +165,11 @@ class SessionReactor final
     : public ServerStream<v1::AgentMessage, v1::ServerMessage> {
  public:
   SessionReactor(Impl* impl, SessionId id) : impl_(impl), id_(id) {}
+  void set_access(Access access) { access_ = std::move(access); }
 
  private:
   void OnMessage(const v1::AgentMessage& message) override {
-    impl_->OnSessionMessage(id_, message);
+    impl_->OnSessionMessage(id_, access_, message);
   }
   // Half-closed or broken: either way the node has left; the core decides
   // what that means for its job.
@@ -155,6 +178,7 @@ class SessionReactor final
 
   Impl* const impl_;
   const SessionId id_;
+  Access access_;  // set before the first message
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -179,6 +203,8 @@ class StorePipe final
       public std::enable_shared_from_this<StorePipe> {
  public:
   explicit StorePipe(Impl* impl) : impl_(impl) {}
+  void set_access(Access access) { access_ = std::move(access); }
+  const Access& access() const { return access_; }
 
   // Sends one response.
   void Reply(v1::StoreResponse response) {
@@ -209,6 +235,7 @@ class StorePipe final
   }
 
   Impl* const impl_;
+  Access access_;  // set before the first request
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Parked> parked_ ABSL_GUARDED_BY(mu_);
 };
@@ -220,9 +247,10 @@ class StoreService final : public v1::Store::CallbackService {
   grpc::ServerBidiReactor<v1::StoreRequest, v1::StoreResponse>* Pipe(
       grpc::CallbackServerContext* ctx) override {
     auto pipe = std::make_shared<StorePipe>(impl_);
-    if (auto s = impl_->Authorize(ctx, "Store"); !s.ok()) {
-      pipe->Refuse(pipe, s);
+    if (auto access = impl_->Authorize(ctx, "Store"); !access.ok()) {
+      pipe->Refuse(pipe, access.status());
     } else {
+      pipe->set_access(*std::move(access));
       pipe->Begin(pipe);
     }
     return pipe.get();
@@ -246,20 +274,20 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest*,
                                      v1::ListJobsResponse* resp) override {
-    if (auto s = impl_->Authorize(ctx, "ListJobs"); !s.ok()) {
-      return Done(ctx, s);
+    auto access = impl_->Authorize(ctx, "ListJobs");
+    if (!access.ok()) return Done(ctx, access.status());
+    for (auto& job : impl_->ListJobs(*access)) {
+      *resp->add_jobs() = std::move(job);
     }
-    for (auto& job : impl_->ListJobs()) *resp->add_jobs() = std::move(job);
     return Done(ctx, absl::OkStatus());
   }
 
   grpc::ServerUnaryReactor* DescribeJob(grpc::CallbackServerContext* ctx,
                                         const v1::DescribeJobRequest* req,
                                         v1::JobStatus* resp) override {
-    if (auto s = impl_->Authorize(ctx, "DescribeJob"); !s.ok()) {
-      return Done(ctx, s);
-    }
-    auto job = impl_->DescribeJob(req->job_id());
+    auto access = impl_->Authorize(ctx, "DescribeJob");
+    if (!access.ok()) return Done(ctx, access.status());
+    auto job = impl_->DescribeJob(*access, req->job_id());
     if (job.ok()) *resp = std::move(*job);
     return Done(ctx, job.status());
   }
@@ -368,24 +396,24 @@ void Impl::Shutdown() {
   if (timer_.joinable()) timer_.join();
 }
 
-absl::Status Impl::Authorize(grpc::CallbackServerContext* ctx,
-                             const char* method) const {
-  if (options_.token.empty() && !options_.munge) return absl::OkStatus();
+absl::StatusOr<Access> Impl::Authorize(grpc::CallbackServerContext* ctx,
+                                       const char* method) const {
+  if (options_.token.empty() && !options_.munge) return Access{};
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find(kAuthMetadataKey);
   const bool present = it != metadata.end();
   const absl::string_view value =
       present ? absl::string_view(it->second.data(), it->second.size())
               : absl::string_view();
-  if (!options_.token.empty() && present &&
-      BearerMatches(value, options_.token)) {
-    return absl::OkStatus();
+  if (!options_.token.empty() && present) {
+    if (BearerMatches(value, options_.token)) return Access{};
+    if (auto job = JobAdmittedBy(value, options_.token)) return Access{job};
   }
   absl::Status refused;
   if (auto credential = MungeCredentialIn(value);
       options_.munge && credential) {
     refused = CheckMunge(*credential);
-    if (refused.ok()) return refused;
+    if (refused.ok()) return Access{};
   } else if (!present) {
     refused = absl::UnauthenticatedError(
         options_.token.empty()
@@ -430,10 +458,12 @@ std::shared_ptr<SessionReactor> Impl::NewSession(
     id = next_session_++;
   }
   auto reactor = std::make_shared<SessionReactor>(this, id);
-  if (auto s = Authorize(ctx, "Session"); !s.ok()) {
-    reactor->Refuse(reactor, s);
+  auto access = Authorize(ctx, "Session");
+  if (!access.ok()) {
+    reactor->Refuse(reactor, access.status());
     return reactor;
   }
+  reactor->set_access(*std::move(access));
   {
     absl::MutexLock lock(&mu_);
     sessions_.emplace(id, reactor);
@@ -444,12 +474,19 @@ std::shared_ptr<SessionReactor> Impl::NewSession(
   return reactor;
 }
 
-void Impl::OnSessionMessage(SessionId id, const v1::AgentMessage& message) {
+void Impl::OnSessionMessage(SessionId id, const Access& access,
+                            const v1::AgentMessage& message) {
   Delivery delivery;
   {
     absl::MutexLock lock(&mu_);
     Effects effects;
-    core_.OnMessage(id, message, MonotonicNow(), &effects);
+    if (message.has_join() && !access.Allows(message.join().job_id())) {
+      core_.OnSessionClosed(id, MonotonicNow(), &effects);
+      effects.finishes.emplace_back(id,
+                                    access.Refusal(message.join().job_id()));
+    } else {
+      core_.OnMessage(id, message, MonotonicNow(), &effects);
+    }
     delivery = StageLocked(effects);
   }
   Deliver(delivery);
@@ -641,6 +678,16 @@ void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
   std::optional<KvStore::WaiterId> parked;
   absl::Status status;
   Delivery delivery;
+  if (!pipe->access().Allows(request.scope().job_id())) {
+    spdlog::warn("refused a store request for job {}: the token is for {}",
+                 request.scope().job_id(), *pipe->access().job);
+    response.set_code(
+        static_cast<int32_t>(absl::StatusCode::kPermissionDenied));
+    response.set_message(std::string(
+        pipe->access().Refusal(request.scope().job_id()).message()));
+    pipe->Reply(std::move(response));
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     auto store = core_.Store(request.scope());

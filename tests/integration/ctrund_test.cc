@@ -200,6 +200,67 @@ TEST_CASE("Wrong or missing tokens are refused and logged",
   unlink(token_file.c_str());
 }
 
+TEST_CASE("A job token reaches its own job and nothing of another",
+          "[ctrund][integration]") {
+  const std::string token_file = WriteTempFile("s3cret-token\n");
+  Daemon daemon({"--token-file", token_file});
+  ChildProcess minted({CtrundPath(), "job-token", "--token-file", token_file,
+                       "--job", "alpha"});
+  auto alpha_token = minted.ReadLine(kWait);
+  REQUIRE(alpha_token);
+  REQUIRE(minted.Wait(kWait) == 0);
+  CHECK(alpha_token->rfind("job.alpha.", 0) == 0);
+  CHECK(alpha_token->find("s3cret") == std::string::npos);
+
+  const Connection admin = daemon.Connect("s3cret-token");
+  const Connection alpha = daemon.Connect(*alpha_token);
+  JoinSpec spec;
+  spec.job = "alpha";
+  SessionProbe alpha_node(alpha, MakeJoin(spec));
+  REQUIRE(alpha_node.NextAssignment(kWait));
+  spec.job = "beta";
+  SessionProbe beta_node(admin, MakeJoin(spec));
+  REQUIRE(beta_node.NextAssignment(kWait));
+  REQUIRE(StoreClient(admin, "beta", 0).Set("secret", "b").ok());
+
+  // Its own job: store and status.
+  CHECK(StoreClient(alpha, "alpha", 0).Set("k", "a").ok());
+  auto listed = AdminClient(alpha).ListJobs();
+  REQUIRE(listed.ok());
+  REQUIRE(listed->jobs_size() == 1);
+  CHECK(listed->jobs(0).job_id() == "alpha");
+
+  // Another job: no key read or written, no status, no joining it.
+  StoreClient into_beta(alpha, "beta", 0);
+  auto read = into_beta.Get("secret");
+  CHECK(absl::IsPermissionDenied(read.status()));
+  CHECK(read.status().message() ==
+        "this token is for job 'alpha', not job 'beta'");
+  CHECK(absl::IsPermissionDenied(into_beta.Set("secret", "x")));
+  CHECK(absl::IsPermissionDenied(
+      AdminClient(alpha).DescribeJob("beta").status()));
+  spec.host = "intruder";
+  SessionProbe intruder(alpha, MakeJoin(spec));
+  auto ended = intruder.WaitDone(kWait);
+  REQUIRE(ended);
+  CHECK(absl::IsPermissionDenied(*ended));
+  auto beta = AdminClient(admin).DescribeJob("beta");
+  REQUIRE(beta.ok());
+  CHECK(beta->nodes_size() == 1);  // the intruder never got in
+  CHECK(*StoreClient(admin, "beta", 0).Get("secret") == "b");
+
+  // A token for alpha made up or altered does not pass.
+  std::string forged = *alpha_token;
+  forged.back() = forged.back() == '0' ? '1' : '0';
+  CHECK(absl::IsUnauthenticated(
+      AdminClient(daemon.Connect(forged)).ListJobs().status()));
+  CHECK(absl::IsUnauthenticated(
+      AdminClient(daemon.Connect("job.beta." + alpha_token->substr(11)))
+          .ListJobs()
+          .status()));
+  unlink(token_file.c_str());
+}
+
 TEST_CASE("ctrund serves TLS to clients that trust its certificate",
           "[ctrund][integration]") {
   char dir_template[] = "/tmp/ctrun-tls-XXXXXX";
