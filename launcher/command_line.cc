@@ -18,6 +18,7 @@
 #include "ctrun/environment.h"
 #include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/job_settings.h"
 
 namespace ctrun {
 namespace {
@@ -487,7 +488,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   }
   {
     const auto& v = raw["rdzv_id"];
-    if (v.text.empty()) return Bad(spec("rdzv_id"), v, "must not be empty");
+    if (auto s = CheckJobId(v.text); !s.ok()) {
+      return Bad(spec("rdzv_id"), v, s.message());
+    }
     // "none" (torchrun's default) is fine for one node, which gets a
     // fresh id; nodes of one job must agree on it, so for several nodes it
     // stays "none" unless the static master names the job.

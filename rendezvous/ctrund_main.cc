@@ -60,9 +60,10 @@ struct DaemonFlags {
   std::string listen = "127.0.0.1:29400";
   std::string token_file;
   std::string tls_cert, tls_key, tls_client_ca;
-  size_t max_value_bytes = KvStoreLimits{}.max_value_bytes;
-  size_t max_keys = KvStoreLimits{}.max_keys;
-  size_t max_jobs = RendezvousLimits{}.max_jobs;
+  // Signed, so that a negative value is refused rather than wrapped.
+  int64_t max_value_bytes = KvStoreLimits{}.max_value_bytes;
+  int64_t max_keys = KvStoreLimits{}.max_keys;
+  int64_t max_jobs = RendezvousLimits{}.max_jobs;
   std::string state_dir;
   double reconnect_grace_s =
       absl::ToDoubleSeconds(ServerOptions{}.reconnect_grace);
@@ -102,14 +103,25 @@ int RunDaemon(const DaemonFlags& flags) {
   } else if (!flags.tls_client_ca.empty()) {
     return Fail("--tls-client-ca needs --tls-cert and --tls-key", kUsageError);
   }
-  if (flags.max_value_bytes == 0 || flags.max_keys == 0 ||
-      flags.max_jobs == 0) {
-    return Fail("--max-value-bytes, --max-keys and --max-jobs must be > 0",
-                kUsageError);
+  struct Limit {
+    const char* flag;
+    int64_t value;
+    int64_t max;
+  };
+  // A value must fit in one gRPC message (2 GiB) twice over.
+  for (const Limit& l :
+       {Limit{"--max-value-bytes", flags.max_value_bytes, int64_t{512} << 20},
+        Limit{"--max-keys", flags.max_keys, 100'000'000},
+        Limit{"--max-jobs", flags.max_jobs, 1'000'000}}) {
+    if (l.value < 1 || l.value > l.max) {
+      return Fail(absl::StrCat(l.flag, " ", l.value, " must be in 1..", l.max),
+                  kUsageError);
+    }
   }
-  options.limits.store.max_value_bytes = flags.max_value_bytes;
-  options.limits.store.max_keys = flags.max_keys;
-  options.limits.max_jobs = flags.max_jobs;
+  options.limits.store.max_value_bytes =
+      static_cast<size_t>(flags.max_value_bytes);
+  options.limits.store.max_keys = static_cast<size_t>(flags.max_keys);
+  options.limits.max_jobs = static_cast<size_t>(flags.max_jobs);
   if (!(flags.reconnect_grace_s > 0 && flags.reconnect_grace_s <= 86400)) {
     return Fail(absl::StrCat("--reconnect-grace ", flags.reconnect_grace_s,
                              " must be a number of seconds in (0, 86400]"),

@@ -162,7 +162,8 @@ TEST_CASE("Store requests for a stale round are refused with ABORTED",
   REQUIRE(restart);
   auto stale = store.Get("k");
   CHECK(absl::IsAborted(stale.status()));
-  CHECK(stale.status().message().find("round 0") != std::string::npos);
+  CHECK(stale.status().message() ==
+        "store request for round 0 of job 'fence', which is at round 1");
 
   c.Rejoin(99);  // not the round it was told to rejoin
   auto done = c.WaitDone(kWait);
@@ -181,9 +182,14 @@ TEST_CASE("Wrong or missing tokens are refused and logged",
   AdminClient wrong(daemon.Connect("guess"));
   auto refused = wrong.ListJobs();
   CHECK(absl::IsUnauthenticated(refused.status()));
+  CHECK(refused.status().message() == "wrong rendezvous token");
 
   StoreClient anonymous(daemon.Connect(), "job", 0);
-  CHECK(absl::IsUnauthenticated(anonymous.Set("k", "v")));
+  auto missing = anonymous.Set("k", "v");
+  CHECK(absl::IsUnauthenticated(missing));
+  CHECK(missing.message() ==
+        "missing rendezvous token (give the token file the service was "
+        "started with)");
 
   SessionProbe intruder(daemon.Connect("guess"), MakeJoin({}));
   auto ended = intruder.WaitDone(kWait);

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "rendezvous/journal.h"
 
 namespace ctrun {
@@ -590,8 +591,9 @@ TEST_CASE("A join with other settings is refused naming the difference",
   h.SendJoin(2, join);
   REQUIRE(h.Ended(2));
   CHECK(absl::IsInvalidArgument(*h.Ended(2)));
-  CHECK(h.Ended(2)->message().find(
-            "max_nodes is 3 for the job, 4 in this join") != std::string::npos);
+  CHECK(h.Ended(2)->message() ==
+        "join refused: job 'job' exists with other settings: max_nodes is 3 "
+        "for the job, 4 in this join");
 }
 
 TEST_CASE("A join to a finished job is refused", "[rendezvous][unit]") {
@@ -601,6 +603,9 @@ TEST_CASE("A join to a finished job is refused", "[rendezvous][unit]") {
   h.Join(2, "b");
   REQUIRE(h.Ended(2));
   CHECK(absl::IsFailedPrecondition(*h.Ended(2)));
+  CHECK(h.Ended(2)->message() ==
+        "job 'job' has already finished; use a new rendezvous id for a new "
+        "run");
 }
 
 TEST_CASE("Two nodes cannot hold the same rank hint", "[rendezvous][unit]") {
@@ -609,7 +614,8 @@ TEST_CASE("Two nodes cannot hold the same rank hint", "[rendezvous][unit]") {
   h.Join(2, "b", 1, 0);
   REQUIRE(h.Ended(2));
   CHECK(absl::IsFailedPrecondition(*h.Ended(2)));
-  CHECK(h.Ended(2)->message().find("a:1001") != std::string::npos);
+  CHECK(h.Ended(2)->message() ==
+        "node rank 0 of job 'job' is held by a:1001; each node needs its own");
 }
 
 TEST_CASE("A duplicate incarnation is refused", "[rendezvous][unit]") {
@@ -620,39 +626,59 @@ TEST_CASE("A duplicate incarnation is refused", "[rendezvous][unit]") {
   h.SendJoin(2, join);
   REQUIRE(h.Ended(2));
   CHECK(absl::IsAlreadyExists(*h.Ended(2)));
+  CHECK(h.Ended(2)->message() ==
+        absl::StrCat("node incarnation ", join.node().incarnation(),
+                     " is already in job 'job' as a:1001"));
 }
 
 TEST_CASE("Malformed joins are refused with INVALID_ARGUMENT",
           "[rendezvous][unit]") {
   Harness h(1, 1);
+  auto j = h.MakeJoin(1, "a");
+  std::string expected;
   SECTION("empty job id") {
-    auto j = h.MakeJoin(1, "a");
     j.set_job_id("");
-    h.SendJoin(1, j);
+    expected = "job id must be 1..128 bytes, got 0";
   }
   SECTION("bad job id characters") {
-    auto j = h.MakeJoin(1, "a");
     j.set_job_id("a b");
-    h.SendJoin(1, j);
+    expected = "job id may hold only [A-Za-z0-9._:/-], not byte 0x20 (' ')";
+  }
+  SECTION("no hostname") {
+    j.mutable_node()->set_hostname("");
+    expected = "hostname must be 1..255 bytes";
+  }
+  SECTION("no incarnation") {
+    j.mutable_node()->set_incarnation(0);
+    expected = "node incarnation must not be 0";
+  }
+  SECTION("no address") {
+    j.set_address("");
+    expected = "node address must be 1..255 bytes";
   }
   SECTION("zero workers") {
-    auto j = h.MakeJoin(1, "a");
     j.set_local_world_size(0);
-    h.SendJoin(1, j);
+    expected = "local_world_size 0 must be 1..65536";
+  }
+  SECTION("a hint below -1") {
+    j.set_node_rank_hint(-2);
+    expected = "node_rank_hint -2 must be -1 (none) or 0..65535";
   }
   SECTION("min above max") {
-    auto j = h.MakeJoin(1, "a");
     j.mutable_settings()->set_min_nodes(3);
     j.mutable_settings()->set_max_nodes(2);
-    h.SendJoin(1, j);
+    expected =
+        "job settings refused: min_nodes 3 exceeds max_nodes 2; use MIN:MAX "
+        "with MIN <= MAX";
   }
   SECTION("no port candidate") {
-    auto j = h.MakeJoin(1, "a");
     j.set_master_port_candidate(0);
-    h.SendJoin(1, j);
+    expected = "master_port_candidate 0 is not a port (1..65535)";
   }
+  h.SendJoin(1, j);
   REQUIRE(h.Ended(1));
   CHECK(absl::IsInvalidArgument(*h.Ended(1)));
+  CHECK(h.Ended(1)->message() == expected);
   CHECK(h.core().num_jobs() == 0);
 }
 
@@ -662,6 +688,8 @@ TEST_CASE("A first message that is not a join ends the session",
   h.Heartbeat(9);
   REQUIRE(h.Ended(9));
   CHECK(absl::IsInvalidArgument(*h.Ended(9)));
+  CHECK(h.Ended(9)->message() ==
+        "the first message of a session must be a join");
 }
 
 TEST_CASE("Store requests are fenced by round", "[rendezvous][unit]") {
