@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +61,18 @@ int FindFreePort(const std::string& address) {
   }
   close(fd);
   return port;
+}
+
+// What a /proc file holds, or "" when the process is gone. Plain read(2):
+// a process that exits while we read makes it fail with ESRCH, which
+// std::ifstream turns into an exception.
+std::string ReadProcFile(const std::filesystem::path& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buffer[1024];
+  const ssize_t n = read(fd, buffer, sizeof buffer - 1);
+  close(fd);
+  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
 }
 
 std::string SignalName(int signal) {
@@ -739,8 +750,7 @@ void Agent::KillStrayChildren() {
       if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) {
         continue;
       }
-      std::ifstream stat(entry.path() / "stat");
-      std::string text((std::istreambuf_iterator<char>(stat)), {});
+      const std::string text = ReadProcFile(entry.path() / "stat");
       const size_t close_paren = text.rfind(')');
       if (close_paren == std::string::npos) continue;
       char state;

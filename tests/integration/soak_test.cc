@@ -4,6 +4,7 @@
 // not have grown beyond what allocators keep.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -81,8 +82,18 @@ TEST_CASE("1000 restarts of a job leave descriptors and memory flat",
     const std::string at = absl::StrCat(dir, "/at-", round);
     INFO(nodes[0]->Stderr());
     REQUIRE(WaitForFile(at, absl::Minutes(5)));
+    // The least of a few looks: a descriptor open for a moment (a /proc
+    // file being read, a connection being accepted) is not a leak.
     std::vector<Usage> usage;
     for (pid_t pid : pids) usage.push_back(Measure(pid));
+    for (int look = 0; look < 4; ++look) {
+      absl::SleepFor(absl::Milliseconds(25));
+      for (size_t i = 0; i < pids.size(); ++i) {
+        const Usage u = Measure(pids[i]);
+        usage[i].fds = std::min(usage[i].fds, u.fds);
+        usage[i].rss_kib = std::min(usage[i].rss_kib, u.rss_kib);
+      }
+    }
     std::ofstream(absl::StrCat(dir, "/go-", round)) << "";
     return usage;
   };
