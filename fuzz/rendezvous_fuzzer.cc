@@ -2,20 +2,25 @@
 // sequence of agent messages (arbitrary protobuf bytes, or joins, rejoins
 // and reports built from the input so that deep states are reached),
 // closed sessions and clock ticks, with store requests (arbitrary protobuf
-// bytes) applied through ApplyStoreRequest, as the server does. Never a
-// crash, and within a job's round no two nodes hold the same group rank and
-// every node's global ranks fit in the world.
+// bytes) applied through ApplyStoreRequest, as the server does, and
+// restarts: the state goes through the journal's framing (cut short at a
+// random point, as a crash would) into a new core, and agents resume. Never
+// a crash, a checkpoint always restores, and within a job's round no two
+// nodes hold the same group rank and every node's global ranks fit in the
+// world.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 
 #include "absl/time/time.h"
+#include "rendezvous/journal.h"
 #include "rendezvous/rendezvous_core.h"
 #include "rendezvous/store_request.h"
 
@@ -46,6 +51,9 @@ v1::Join MakeJoin(FuzzedDataProvider& in, ctrun::SessionId session) {
   join.set_local_world_size(in.ConsumeIntegralInRange(0, 9));
   join.set_node_rank_hint(in.ConsumeIntegralInRange(-2, 5));
   join.set_master_port_candidate(in.ConsumeIntegralInRange(0, 70000));
+  if (in.ConsumeBool()) {
+    join.mutable_resume()->set_round(in.ConsumeIntegralInRange(-1, 6));
+  }
   return join;
 }
 
@@ -122,7 +130,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_jobs = 2;
   limits.store.max_keys = 16;
   limits.store.max_waiters = 8;
-  RendezvousCore core(limits);
+  auto core = std::make_unique<RendezvousCore>(limits);
+  ctrun::SessionId base = 0;  // sessions of earlier services end with them
   absl::Time now = absl::UnixEpoch() + absl::Hours(1);
   std::set<ctrun::SessionId> ended;
   Ranks ranks;
@@ -130,27 +139,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int steps = 0;
   while (in.remaining_bytes() > 0 && ++steps < 200) {
     Effects effects;
-    const auto session =
-        static_cast<ctrun::SessionId>(in.ConsumeIntegralInRange(1, kSessions));
-    switch (in.ConsumeIntegralInRange(0, 4)) {
+    const auto session = base + static_cast<ctrun::SessionId>(
+                                    in.ConsumeIntegralInRange(1, kSessions));
+    switch (in.ConsumeIntegralInRange(0, 5)) {
       case 0:
       case 1:
         // The server delivers nothing from a session it has ended.
         if (!ended.count(session)) {
-          core.OnMessage(session, MakeMessage(in, session), now, &effects);
+          core->OnMessage(session, MakeMessage(in, session), now, &effects);
         }
         break;
       case 2:
-        core.OnSessionClosed(session, now, &effects);
+        core->OnSessionClosed(session, now, &effects);
         ended.insert(session);
         break;
       case 3:
         now += absl::Milliseconds(in.ConsumeIntegralInRange(0, 20000));
-        core.Tick(now, &effects);
+        core->Tick(now, &effects);
         break;
       case 4: {
         const v1::StoreRequest request = MakeStoreRequest(in);
-        auto store = core.Store(request.scope());
+        auto store = core->Store(request.scope());
         if (!store.ok()) break;
         v1::StoreResponse response;
         std::optional<ctrun::KvStore::WaiterId> parked;
@@ -159,16 +168,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             &effects.fired);
         break;
       }
+      case 5: {
+        std::string journal;
+        for (const auto& record : core->Checkpoint()) {
+          journal += ctrun::FrameRecord(record);
+        }
+        const bool crashed = in.ConsumeBool();
+        if (crashed) {
+          journal.resize(in.ConsumeIntegralInRange<size_t>(0, journal.size()));
+        }
+        size_t dropped = 0;
+        auto jobs = ctrun::ReplayJournal(journal, &dropped);
+        if (!crashed && dropped != 0) std::abort();
+        core = std::make_unique<RendezvousCore>(limits);
+        for (const auto& [id, job] : jobs) {
+          const absl::Status restored = core->Restore(
+              job.snapshot, {job.keys.begin(), job.keys.end()},
+              absl::Milliseconds(in.ConsumeIntegralInRange(1, 20000)), now);
+          // A whole checkpoint always restores; a cut one may lack keys.
+          if (!restored.ok() && !crashed) std::abort();
+        }
+        base += 100;
+        ended.clear();
+        ranks.clear();
+        break;
+      }
     }
     Check(effects, ranks, job_of);
     for (const auto& [s, status] : effects.finishes) ended.insert(s);
     for (auto& f : effects.fired) f.callback(std::move(f.result));
     // A job that ended is forgotten, and its id may start over at round 0.
     std::set<std::string> live;
-    for (const auto& job : core.ListJobs(now)) live.insert(job.job_id());
+    for (const auto& job : core->ListJobs(now)) live.insert(job.job_id());
     std::erase_if(ranks,
                   [&](const auto& r) { return !live.count(r.first.first); });
-    (void)core.DescribeJob(kJobs[0], now);
+    (void)core->DescribeJob(kJobs[0], now);
   }
   return 0;
 }
