@@ -146,7 +146,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 1:
         // The server delivers nothing from a session it has ended.
         if (!ended.count(session)) {
-          core->OnMessage(session, MakeMessage(in, session), now, &effects);
+          // As off the wire: gRPC delivers only what parses (string fields
+          // are valid UTF-8).
+          v1::AgentMessage message;
+          if (message.ParseFromString(
+                  MakeMessage(in, session).SerializeAsString())) {
+            core->OnMessage(session, message, now, &effects);
+          }
         }
         break;
       case 2:

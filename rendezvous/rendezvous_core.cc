@@ -182,6 +182,19 @@ v1::ServerMessage RestartMessage(int64_t round,
   return m;
 }
 
+// At most `max` bytes of `text`, not cutting a UTF-8 character in two:
+// every string field of a message must stay valid UTF-8, or its receiver
+// cannot parse it.
+absl::string_view Utf8Prefix(absl::string_view text, size_t max) {
+  if (text.size() <= max) return text;
+  size_t end = max;
+  // Back off continuation bytes (10xxxxxx) to the start of a character.
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) {
+    --end;
+  }
+  return text.substr(0, end);
+}
+
 std::string DescribeFailure(const std::string& node_name,
                             const v1::WorkerFailure& f) {
   std::string text = absl::StrCat("worker rank ", f.global_rank(), " (local ",
@@ -193,7 +206,7 @@ std::string DescribeFailure(const std::string& node_name,
   }
   if (!f.message().empty()) {
     absl::StrAppend(&text, ": ",
-                    f.message().substr(0, kMaxFailureMessageBytes));
+                    Utf8Prefix(f.message(), kMaxFailureMessageBytes));
   }
   return text;
 }
@@ -1020,15 +1033,19 @@ std::optional<v1::JobSnapshot> RendezvousCore::SnapshotJob(
 
 std::vector<v1::JournalRecord> RendezvousCore::Checkpoint() const {
   std::vector<v1::JournalRecord> records;
-  for (const auto& [id, job] : jobs_) {
+  for (const auto& entry : jobs_) {
+    // Named, not bound: clang 14 cannot capture structured bindings.
+    const std::string& id = entry.first;
+    const int64_t round = entry.second->round;
     *records.emplace_back().mutable_job() = *SnapshotJob(id);
-    job->store.ForEach([&](const std::string& key, const std::string& value) {
-      auto* put = records.emplace_back().mutable_put();
-      put->set_job_id(id);
-      put->set_round(job->round);
-      put->set_key(key);
-      put->set_value(value);
-    });
+    entry.second->store.ForEach(
+        [&](const std::string& key, const std::string& value) {
+          auto* put = records.emplace_back().mutable_put();
+          put->set_job_id(id);
+          put->set_round(round);
+          put->set_key(key);
+          put->set_value(value);
+        });
   }
   return records;
 }

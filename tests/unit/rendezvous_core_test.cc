@@ -963,6 +963,32 @@ TEST_CASE("A session that never sends its join is ended after a while",
   CHECK(h.LastAssignment(6));
 }
 
+TEST_CASE("A long failure message is cut without splitting a character",
+          "[rendezvous][unit]") {
+  Harness h(1, 1, /*max_restarts=*/0);
+  h.Join(1, "a");
+  v1::AgentMessage m;
+  auto* r = m.mutable_worker_report();
+  r->set_round(0);
+  r->set_state(v1::WorkerReport::FAILED);
+  // "é" is two bytes; the second would be the 4097th.
+  r->mutable_failure()->set_message(std::string(4095, 'x') + "\xC3\xA9");
+  Effects fx;
+  h.core().OnMessage(1, m, h.now(), &fx);
+  std::string reason;
+  for (const auto& [s, out] : fx.messages) {
+    if (out.has_job_failed()) reason = out.job_failed().reason();
+  }
+  REQUIRE_FALSE(reason.empty());
+  CHECK(reason.find(std::string(4095, 'x') + "; no restarts left") !=
+        std::string::npos);
+  // It survives the wire and the journal.
+  v1::JobFailed parsed;
+  v1::JobFailed sent;
+  sent.set_reason(reason);
+  CHECK(parsed.ParseFromString(sent.SerializeAsString()));
+}
+
 TEST_CASE("Snapshots that make no sense are refused on restore",
           "[rendezvous][restore][unit]") {
   Harness h;
