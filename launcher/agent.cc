@@ -323,20 +323,25 @@ void Agent::OnSessionEnd(const absl::Status& status) {
     return;
   }
   // The service went away (killed, restarted, or the network): a service
-  // that keeps its state takes the node back with its workers running.
+  // that keeps its state takes the node back with its workers running. (In
+  // the middle of a restart it answers NOT_FOUND, as it keeps no members of
+  // a round that collects nodes, and the node joins afresh.)
   const bool transport = absl::IsUnavailable(status) ||
                          absl::IsCancelled(status) || absl::IsUnknown(status) ||
                          absl::IsInternal(status);
-  if (transport && assignment_ && assignment_->resumable() && !stopping_) {
+  if (transport && assignment_ && assignment_->resumable()) {
     if (resuming) {
       reconnect_deadline_ = resume_until_;
     } else {
       reconnect_deadline_ = resume_until_ =
           MonotonicNow() + config_.options.reconnect_timeout;
       Say(absl::StrCat(
-          "lost the rendezvous at ", endpoint, " (", status.ToString(),
-          "); the workers keep running while ctrun reconnects (up to ",
-          absl::FormatDuration(config_.options.reconnect_timeout), ")"));
+          "lost the rendezvous at ", endpoint, " (", status.ToString(), "); ",
+          AnyAlive() && !stopping_
+              ? "the workers keep running while ctrun reconnects"
+              : "reconnecting",
+          " (up to ", absl::FormatDuration(config_.options.reconnect_timeout),
+          ")"));
     }
     OpenSession(assignment_->round());
     return;
@@ -485,6 +490,7 @@ void Agent::Advance() {
   if (job_finished_) return Finish(0);
   if (join_afresh_) {
     join_afresh_ = false;
+    rejoin_round_.reset();  // that round's service is gone
     assignment_.reset();
     workers_.clear();
     OpenSession();

@@ -200,6 +200,50 @@ TEST_CASE("A node that does not come back after a ctrund restart is lost",
   std::filesystem::remove(done);
 }
 
+TEST_CASE("A ctrund restarted while a round collects keeps its round",
+          "[faults][integration]") {
+  const std::string state = TempPath("state");
+  const std::string done = TempPath("done");
+  auto first =
+      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
+  const std::string endpoint = first->endpoint();
+  auto survivor = Node(2, Flags(endpoint, "2"), done);
+  auto victim = Node(3, Flags(endpoint, "2"), done);
+  REQUIRE(survivor->WaitForLine("world=2", kWait));
+  REQUIRE(victim->WaitForLine("world=2", kWait));
+  victim->Signal(SIGKILL);
+  // Round 1 waits for a second node.
+  REQUIRE(survivor->StderrContains("restarting the workers (round 1", kWait));
+  auto waiting = [&] {
+    auto job = AdminClient(first->Connect()).DescribeJob("faults");
+    return job.ok() && job->phase() == v1::JobStatus::COLLECTING &&
+           job->nodes_size() == 1 &&
+           job->nodes(0).state() == v1::NodeStatus::JOINED;
+  };
+  for (int i = 0; i < 200 && !waiting(); ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+  REQUIRE(waiting());
+  first->process().Signal(SIGKILL);
+  REQUIRE(first->process().Wait(kWait));
+
+  Daemon second({"--state-dir", state}, endpoint);
+  auto newcomer = Node(4, Flags(endpoint, "2"), done);
+  auto line = survivor->WaitForLine("world=2", kWait);
+  INFO(survivor->Stderr());
+  REQUIRE(line);
+  CHECK(line->find("restart=0") != std::string::npos);
+  REQUIRE(newcomer->WaitForLine("world=2", kWait));
+  auto job = AdminClient(second.Connect()).DescribeJob("faults");
+  REQUIRE(job.ok());
+  CHECK(job->round() == 1);  // the round number survived: no stale store
+  std::ofstream(done) << "";
+  CHECK(survivor->Wait(kWait) == 0);
+  CHECK(newcomer->Wait(kWait) == 0);
+  std::filesystem::remove_all(state);
+  std::filesystem::remove(done);
+}
+
 TEST_CASE("Agents give up on a ctrund that does not come back",
           "[faults][integration]") {
   const std::string state = TempPath("state");
