@@ -73,30 +73,45 @@ StoreClient Store(const Daemon& daemon, int64_t round = 0) {
   return StoreClient(daemon.Connect(), "faults", round);
 }
 
-TEST_CASE("ctrund killed and restarted with its state dir loses no job",
-          "[faults][integration]") {
+// A ctrund with a state directory, to be killed and restarted on the same
+// address, and the file whose existence ends the workers' loop.
+struct Restartable {
   const std::string state = TempPath("state");
   const std::string done = TempPath("done");
-  auto first =
+  std::unique_ptr<Daemon> first =
       std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
   const std::string endpoint = first->endpoint();
+
+  ~Restartable() {
+    std::filesystem::remove_all(state);
+    std::filesystem::remove(done);
+  }
+  void KillFirst() {
+    first->process().Signal(SIGKILL);
+    REQUIRE(first->process().Wait(kWait));
+  }
+  void EndWorkers() const { std::ofstream(done) << ""; }
+};
+
+TEST_CASE("ctrund killed and restarted with its state dir loses no job",
+          "[faults][integration]") {
+  Restartable r;
   std::vector<std::unique_ptr<ChildProcess>> nodes;
   std::vector<pid_t> workers;
-  for (int n : {2, 3}) nodes.push_back(Node(n, Flags(endpoint, "2"), done));
+  for (int n : {2, 3}) nodes.push_back(Node(n, Flags(r.endpoint, "2"), r.done));
   for (auto& node : nodes) {
     auto line = node->WaitForLine("world=2", kWait);
     REQUIRE(line);
     workers.push_back(WorkerPid(*line));
   }
-  REQUIRE(Store(*first).Set("checkpoint", "step-1200").ok());
-  REQUIRE(Store(*first).Add("counter", 5).ok());
+  REQUIRE(Store(*r.first).Set("checkpoint", "step-1200").ok());
+  REQUIRE(Store(*r.first).Add("counter", 5).ok());
 
-  first->process().Signal(SIGKILL);
-  REQUIRE(first->process().Wait(kWait));
+  r.KillFirst();
   for (auto& node : nodes) {
     CHECK(node->StderrContains("the workers keep running", kWait));
   }
-  Daemon second({"--state-dir", state}, endpoint);
+  Daemon second({"--state-dir", r.state}, r.endpoint);
   for (auto& node : nodes) {
     INFO(node->Stderr());
     CHECK(node->StderrContains("resumed with the rendezvous", kWait));
@@ -112,7 +127,7 @@ TEST_CASE("ctrund killed and restarted with its state dir loses no job",
   CHECK(job->round() == 0);
   CHECK(job->restart_count() == 0);
 
-  std::ofstream(done) << "";
+  r.EndWorkers();
   for (auto& node : nodes) {
     INFO(node->Stderr());
     CHECK(node->Wait(kWait) == 0);
@@ -120,8 +135,6 @@ TEST_CASE("ctrund killed and restarted with its state dir loses no job",
     CHECK(node->ReadAll(kWait).find("world=") == std::string::npos);
   }
   CHECK(second.process().StderrContains("1 jobs restored", kWait));
-  std::filesystem::remove_all(state);
-  std::filesystem::remove(done);
 }
 
 TEST_CASE("ctrund killed without a state dir stops the job cleanly",
@@ -149,73 +162,56 @@ TEST_CASE("ctrund killed without a state dir stops the job cleanly",
 
 TEST_CASE("Agents whose restored node is unknown stop and join afresh",
           "[faults][integration]") {
-  const std::string state = TempPath("state");
-  const std::string done = TempPath("done");
-  auto first =
-      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
-  const std::string endpoint = first->endpoint();
+  Restartable r;
   std::vector<std::unique_ptr<ChildProcess>> nodes;
-  for (int n : {2, 3}) nodes.push_back(Node(n, Flags(endpoint, "2"), done));
+  for (int n : {2, 3}) nodes.push_back(Node(n, Flags(r.endpoint, "2"), r.done));
   for (auto& node : nodes) REQUIRE(node->WaitForLine("world=2", kWait));
-  first->process().Signal(SIGKILL);
-  REQUIRE(first->process().Wait(kWait));
-  // Restarted without its state: it knows nothing of the job.
-  Daemon second({}, endpoint);
+  r.KillFirst();
+  // Restarted without its r.state: it knows nothing of the job.
+  Daemon second({}, r.endpoint);
   for (auto& node : nodes) {
     INFO(node->Stderr());
     CHECK(node->StderrContains("stopping the workers", kWait));
     CHECK(node->WaitForLine("world=2", kWait));  // a new round, fresh workers
   }
-  std::ofstream(done) << "";
+  r.EndWorkers();
   for (auto& node : nodes) CHECK(node->Wait(kWait) == 0);
-  std::filesystem::remove_all(state);
-  std::filesystem::remove(done);
 }
 
 TEST_CASE("A node that does not come back after a ctrund restart is lost",
           "[faults][integration]") {
-  const std::string state = TempPath("state");
-  const std::string done = TempPath("done");
-  auto first =
-      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
-  const std::string endpoint = first->endpoint();
-  auto survivor = Node(2, Flags(endpoint, "1:2"), done);
-  auto victim = Node(3, Flags(endpoint, "1:2"), done);
+  Restartable r;
+  auto survivor = Node(2, Flags(r.endpoint, "1:2"), r.done);
+  auto victim = Node(3, Flags(r.endpoint, "1:2"), r.done);
   REQUIRE(survivor->WaitForLine("world=2", kWait));
   auto victim_worker = victim->WaitForLine("world=2", kWait);
   REQUIRE(victim_worker);
-  first->process().Signal(SIGKILL);
+  r.first->process().Signal(SIGKILL);
   victim->Signal(SIGKILL);
-  REQUIRE(first->process().Wait(kWait));
+  REQUIRE(r.first->process().Wait(kWait));
   REQUIRE(victim->Wait(kWait));
-  Daemon second({"--state-dir", state, "--reconnect-grace", "2"}, endpoint);
+  Daemon second({"--state-dir", r.state, "--reconnect-grace", "2"}, r.endpoint);
   CHECK(survivor->StderrContains("resumed with the rendezvous", kWait));
   auto restarted = survivor->WaitForLine("world=1", kWait);
   REQUIRE(restarted);
   CHECK(restarted->find("restart=0") != std::string::npos);  // a loss is free
   CHECK(survivor->StderrContains("did not resume", absl::ZeroDuration()));
-  std::ofstream(done) << "";
+  r.EndWorkers();
   CHECK(survivor->Wait(kWait) == 0);
-  std::filesystem::remove_all(state);
-  std::filesystem::remove(done);
 }
 
 TEST_CASE("A ctrund restarted while a round collects keeps its round",
           "[faults][integration]") {
-  const std::string state = TempPath("state");
-  const std::string done = TempPath("done");
-  auto first =
-      std::make_unique<Daemon>(std::vector<std::string>{"--state-dir", state});
-  const std::string endpoint = first->endpoint();
-  auto survivor = Node(2, Flags(endpoint, "2"), done);
-  auto victim = Node(3, Flags(endpoint, "2"), done);
+  Restartable r;
+  auto survivor = Node(2, Flags(r.endpoint, "2"), r.done);
+  auto victim = Node(3, Flags(r.endpoint, "2"), r.done);
   REQUIRE(survivor->WaitForLine("world=2", kWait));
   REQUIRE(victim->WaitForLine("world=2", kWait));
   victim->Signal(SIGKILL);
   // Round 1 waits for a second node.
   REQUIRE(survivor->StderrContains("restarting the workers (round 1", kWait));
   auto waiting = [&] {
-    auto job = AdminClient(first->Connect()).DescribeJob("faults");
+    auto job = AdminClient(r.first->Connect()).DescribeJob("faults");
     return job.ok() && job->phase() == v1::JobStatus::COLLECTING &&
            job->nodes_size() == 1 &&
            job->nodes(0).state() == v1::NodeStatus::JOINED;
@@ -224,11 +220,10 @@ TEST_CASE("A ctrund restarted while a round collects keeps its round",
     absl::SleepFor(absl::Milliseconds(25));
   }
   REQUIRE(waiting());
-  first->process().Signal(SIGKILL);
-  REQUIRE(first->process().Wait(kWait));
+  r.KillFirst();
 
-  Daemon second({"--state-dir", state}, endpoint);
-  auto newcomer = Node(4, Flags(endpoint, "2"), done);
+  Daemon second({"--state-dir", r.state}, r.endpoint);
+  auto newcomer = Node(4, Flags(r.endpoint, "2"), r.done);
   auto line = survivor->WaitForLine("world=2", kWait);
   INFO(survivor->Stderr());
   REQUIRE(line);
@@ -237,11 +232,9 @@ TEST_CASE("A ctrund restarted while a round collects keeps its round",
   auto job = AdminClient(second.Connect()).DescribeJob("faults");
   REQUIRE(job.ok());
   CHECK(job->round() == 1);  // the round number survived: no stale store
-  std::ofstream(done) << "";
+  r.EndWorkers();
   CHECK(survivor->Wait(kWait) == 0);
   CHECK(newcomer->Wait(kWait) == 0);
-  std::filesystem::remove_all(state);
-  std::filesystem::remove(done);
 }
 
 TEST_CASE("Agents give up on a ctrund that does not come back",
