@@ -480,7 +480,9 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
     case v1::WorkerReport::SUCCEEDED:
       job.SetState(node, v1::NodeStatus::SUCCEEDED);
       node.workers_running = false;
-      effects->changed_jobs.push_back(job.id);
+      // Not journaled: a node restored as active says again that it
+      // succeeded when it resumes, and a 1000-node job would otherwise
+      // sync its journal 1000 times as it ends.
       MaybeFinishJob(job, effects);
       return;
     case v1::WorkerReport::FAILED: {
