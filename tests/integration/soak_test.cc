@@ -18,6 +18,14 @@ namespace ctrun::testing {
 namespace {
 
 constexpr int kRounds = 1000;
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer holds freed memory in quarantine (up to 256 MiB) before
+// reusing it, so resident memory grows with churn, not leaks; there its
+// LeakSanitizer checks every process for leaks as it exits instead.
+constexpr bool kRssTellsLeaks = false;
+#else
+constexpr bool kRssTellsLeaks = true;
+#endif
 constexpr int kFirstSample = 20;
 
 struct Usage {
@@ -113,9 +121,11 @@ TEST_CASE("1000 restarts of a job leave descriptors and memory flat",
               << kRounds << ")\n";
     INFO(names[i]);
     CHECK(last[i].fds <= first[i].fds);
-    // Allocators keep some of what they were given; a leak of even a few
-    // hundred bytes a round would pass this by far.
-    CHECK(last[i].rss_kib <= first[i].rss_kib + first[i].rss_kib / 4 + 2048);
+    // Allocators keep some of what they were given: a tenth and 1 MiB are
+    // allowed, which a leak of 3 KiB a round (about 2.9 MiB) exceeds.
+    if (kRssTellsLeaks) {
+      CHECK(last[i].rss_kib <= first[i].rss_kib + first[i].rss_kib / 10 + 1024);
+    }
   }
   std::filesystem::remove_all(dir);
 }
