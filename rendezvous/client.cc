@@ -174,19 +174,41 @@ std::shared_ptr<StoreClient::Pipe> StoreClient::OpenPipe() {
     delete p;
   });
   connection_.Prepare(&pipe->context(), absl::InfiniteDuration());
+  // While the service restarts (ctrund --state-dir), requests wait for it
+  // to be back, each within its own deadline, instead of failing at once.
+  pipe->context().set_wait_for_ready(true);
   stub_->async()->Pipe(&pipe->context(), pipe.get());
   pipe->Begin();
   pipe_ = pipe;
   return pipe;
 }
 
+namespace {
+
+// Whether doing `request` twice is the same as doing it once: then a
+// request whose stream broke before its answer may be sent again.
+bool Repeatable(const v1::StoreRequest& request) {
+  switch (request.op_case()) {
+    case v1::StoreRequest::kAdd:
+    case v1::StoreRequest::kCompareSet:
+    case v1::StoreRequest::kDelete:
+      return false;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
                                                     absl::Duration wait) {
-  auto slot = std::make_shared<Pipe::Slot>();
-  std::shared_ptr<Pipe> pipe;
+  const absl::Time deadline = absl::Now() + wait + rpc_timeout_;
   // A request that could not even be queued (the stream had just broken)
-  // is safe to send once more on a new stream.
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  // is safe to send once more on a new stream; so is a repeatable one
+  // whose stream broke before it was answered (the service restarted).
+  for (int attempt = 0;; ++attempt) {
+    auto slot = std::make_shared<Pipe::Slot>();
+    std::shared_ptr<Pipe> pipe;
     {
       absl::MutexLock lock(&mu_);
       pipe = OpenPipe();
@@ -195,20 +217,24 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
       request.mutable_scope()->set_round(round_);
     }
     pipe->Register(request.id(), slot);
-    if (pipe->Send(request)) break;
-    pipe->Abandon(request.id());
-    if (attempt == 1) {
+    if (!pipe->Send(request)) {
+      pipe->Abandon(request.id());
+      if (attempt < 2) continue;
       return absl::UnavailableError(
           absl::StrCat("cannot reach the store at ", connection_.endpoint()));
     }
+    if (!slot->done.WaitForNotificationWithDeadline(deadline)) {
+      pipe->Abandon(request.id());
+      return absl::DeadlineExceededError(
+          absl::StrCat("no answer from the store at ", connection_.endpoint(),
+                       " within ", absl::FormatDuration(wait + rpc_timeout_)));
+    }
+    if (attempt < 2 && absl::IsUnavailable(slot->result.status()) &&
+        !pipe->open() && Repeatable(request)) {
+      continue;
+    }
+    return std::move(slot->result);
   }
-  if (!slot->done.WaitForNotificationWithTimeout(wait + rpc_timeout_)) {
-    pipe->Abandon(request.id());
-    return absl::DeadlineExceededError(
-        absl::StrCat("no answer from the store at ", connection_.endpoint(),
-                     " within ", absl::FormatDuration(wait + rpc_timeout_)));
-  }
-  return std::move(slot->result);
 }
 
 absl::Status StoreClient::Set(const std::string& key,

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
@@ -104,14 +105,24 @@ TEST_CASE("ctrund killed and restarted with its state dir loses no job",
     REQUIRE(line);
     workers.push_back(WorkerPid(*line));
   }
-  REQUIRE(Store(*r.first).Set("checkpoint", "step-1200").ok());
-  REQUIRE(Store(*r.first).Add("counter", 5).ok());
+  // A worker's store client, kept across the restart.
+  StoreClient kept = Store(*r.first);
+  REQUIRE(kept.Set("checkpoint", "step-1200").ok());
+  REQUIRE(kept.Add("counter", 5).ok());
 
   r.KillFirst();
   for (auto& node : nodes) {
     CHECK(node->StderrContains("the workers keep running", kWait));
   }
+  // Asked while the service is down, answered once it is back.
+  auto during = std::async(std::launch::async,
+                           [&kept] { return kept.Get("checkpoint"); });
+  CHECK(during.wait_for(std::chrono::milliseconds(300)) ==
+        std::future_status::timeout);
   Daemon second({"--state-dir", r.state}, r.endpoint);
+  auto answered = during.get();
+  REQUIRE(answered.ok());
+  CHECK(*answered == "step-1200");
   for (auto& node : nodes) {
     INFO(node->Stderr());
     CHECK(node->StderrContains("resumed with the rendezvous", kWait));
