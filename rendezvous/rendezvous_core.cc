@@ -998,7 +998,11 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
     n->set_node_rank_hint(node->join.node_rank_hint());
     n->set_group_rank(node->group_rank);
     n->set_first_global_rank(node->first_global_rank);
-    n->set_heartbeat_age_ms(absl::ToInt64Milliseconds(now - node->last_seen));
+    const bool resuming = node->session >= kDetachedSessions;
+    n->set_resuming(resuming);
+    // A detached node's last_seen is set ahead to give it its grace.
+    n->set_heartbeat_age_ms(
+        resuming ? 0 : absl::ToInt64Milliseconds(now - node->last_seen));
     n->set_workers_running(node->workers_running);
   }
   return s;

@@ -46,11 +46,13 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
                           "HEARTBEAT");
     for (const auto& n : job.nodes()) {
       absl::StrAppendFormat(
-          &out, "  %-5s %-24s %-22s %-8d %-14s %-11s %.1fs ago\n",
+          &out, "  %-5s %-24s %-22s %-8d %-14s %-11s %s\n",
           n.group_rank() < 0 ? "-" : absl::StrCat(n.group_rank()),
           n.node().hostname(), n.address(), n.node().pid(),
           Lower(v1::NodeStatus::State_Name(n.state())), Ranks(n),
-          n.heartbeat_age_ms() / 1000.0);
+          n.resuming()
+              ? std::string("resuming")
+              : absl::StrFormat("%.1fs ago", n.heartbeat_age_ms() / 1000.0));
     }
     for (const auto& lost : job.lost_nodes()) {
       absl::StrAppend(&out, "  lost: ", lost, "\n");

@@ -202,6 +202,11 @@ TEST_CASE("A node that does not come back after a ctrund restart is lost",
   REQUIRE(r.first->process().Wait(kWait));
   REQUIRE(victim->Wait(kWait));
   Daemon second({"--state-dir", r.state, "--reconnect-grace", "2"}, r.endpoint);
+  // The lost node waits out its grace, shown as resuming.
+  ChildProcess status({CtrundPath(), "status", "--endpoint", r.endpoint});
+  const std::string table = status.ReadAll(kWait);
+  CHECK(status.Wait(kWait) == 0);
+  CHECK(table.find("resuming") != std::string::npos);
   CHECK(survivor->StderrContains("resumed with the rendezvous", kWait));
   auto restarted = survivor->WaitForLine("world=1", kWait);
   REQUIRE(restarted);

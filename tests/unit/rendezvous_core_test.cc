@@ -866,7 +866,15 @@ TEST_CASE("A restored node that does not resume within the grace is lost",
   REQUIRE(before.LastAssignment(1));
   Harness after(1, 2);
   Restart(before, after, absl::Seconds(4));
+  auto restored = after.core().DescribeJob("job", after.now());
+  REQUIRE(restored.ok());
+  REQUIRE(restored->nodes_size() == 2);
+  CHECK(restored->nodes(0).resuming());
+  CHECK(restored->nodes(0).heartbeat_age_ms() == 0);
   after.Resume(11, 1, "a", 0);
+  auto resumed = after.core().DescribeJob("job", after.now());
+  CHECK_FALSE(resumed->nodes(0).resuming());
+  CHECK(resumed->nodes(1).resuming());
   after.Advance(absl::Seconds(3));
   CHECK_FALSE(after.LastRestart(11));
   after.Advance(absl::Seconds(2));
