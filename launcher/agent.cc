@@ -314,8 +314,8 @@ void Agent::OnSessionEnd(const absl::Status& status) {
   }
   const std::string& endpoint = config_.connection.endpoint();
   const bool resuming = reconnect_deadline_ != absl::InfiniteFuture();
-  reconnect_deadline_ = absl::InfiniteFuture();
   if (resuming && absl::IsNotFound(status)) {
+    reconnect_deadline_ = absl::InfiniteFuture();
     Say(absl::StrCat("the rendezvous at ", endpoint, " is back but ",
                      status.message(), "; stopping the workers"));
     join_afresh_ = true;
@@ -330,11 +330,8 @@ void Agent::OnSessionEnd(const absl::Status& status) {
                          absl::IsCancelled(status) || absl::IsUnknown(status) ||
                          absl::IsInternal(status);
   if (transport && assignment_ && assignment_->resumable()) {
-    if (resuming) {
-      reconnect_deadline_ = resume_until_;
-    } else {
-      reconnect_deadline_ = resume_until_ =
-          MonotonicNow() + config_.options.reconnect_timeout;
+    if (!resuming) {  // a retry keeps the first attempt's deadline
+      reconnect_deadline_ = MonotonicNow() + config_.options.reconnect_timeout;
       Say(absl::StrCat(
           "lost the rendezvous at ", endpoint, " (", status.ToString(), "); ",
           AnyAlive() && !stopping_
@@ -346,6 +343,7 @@ void Agent::OnSessionEnd(const absl::Status& status) {
     OpenSession(assignment_->round());
     return;
   }
+  reconnect_deadline_ = absl::InfiniteFuture();
   Say(absl::StrCat("lost the rendezvous at ", endpoint, ": ",
                    status.ToString()));
   StopWorkers(SIGTERM);

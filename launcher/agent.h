@@ -132,7 +132,6 @@ class Agent {
   uint64_t incarnation_ = 0;
   // While reconnecting after a broken session: when to give up.
   absl::Time reconnect_deadline_ = absl::InfiniteFuture();
-  absl::Time resume_until_ = absl::InfiniteFuture();
   bool gave_up_reconnecting_ = false;
   // The rendezvous lost this node: once the workers stop, join afresh.
   bool join_afresh_ = false;
