@@ -1,47 +1,35 @@
-// Agent: one node's side of a job. It joins the rendezvous, starts a worker
-// per local rank with torchrun's environment, watches them, and follows the
-// rendezvous through restarts to the job's end.
+// Agent: one node's side of a job, as a thin loop around AgentPolicy
+// (agent_policy.h, the decisions) and WorkerGroup (worker_group.h, the
+// processes).
 //
 // One thread runs everything from one epoll loop: worker exits (SIGCHLD
-// through a signalfd, so at once, without polling), signals to forward,
-// worker output, and messages from the rendezvous session (handed over by
-// gRPC's threads through an eventfd).
+// through a signalfd, so at once, without polling), signals, worker output
+// (a bounded read per wakeup), and messages from the rendezvous session
+// (handed over by gRPC's threads through an eventfd). The console is
+// written by its own threads (console.h), so neither a worker that prints
+// without pause nor a console that stops reading delays a heartbeat or a
+// signal.
 #ifndef CTRUN_LAUNCHER_AGENT_H_
 #define CTRUN_LAUNCHER_AGENT_H_
 
 #include <signal.h>
 #include <sys/types.h>
 
-#include <deque>
-#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
-#include "launcher/command_line.h"
-#include "launcher/failure_report.h"
-#include "launcher/launch_options.h"
-#include "launcher/watchdog.h"
-#include "launcher/worker_env.h"
-#include "launcher/worker_output.h"
+#include "absl/status/status.h"
+#include "launcher/agent_policy.h"
+#include "launcher/console.h"
+#include "launcher/worker_group.h"
 #include "rendezvous/client.h"
 
 namespace ctrun {
 
 struct AgentConfig {
-  LaunchOptions options;
-  std::vector<std::string> worker_argv;
-  EnvMap env;  // the agent's own environment, inherited by the workers
-  std::string hostname;
-  std::string address;    // advertised to the rendezvous: MASTER_ADDR on rank 0
-  Connection connection;  // to the rendezvous
-  StoreAccess store;      // handed to workers for worker_lib
-  std::string run_dir;    // per-attempt logs and error files go below
-  Watchdog* watchdog = nullptr;  // optional; not owned
+  WorkerGroupConfig workers;  // options, command, environment, logs
+  Connection connection;      // to the rendezvous
 };
 
 // The signals the agent takes through its signalfd: SIGCHLD, SIGUSR1,
@@ -51,7 +39,8 @@ sigset_t AgentSignals(const std::vector<int>& handled);
 
 class Agent {
  public:
-  explicit Agent(AgentConfig config);
+  // Writes to `out` and `err` (not owned).
+  Agent(AgentConfig config, Console* out, Console* err);
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -63,102 +52,41 @@ class Agent {
   int Run();
 
   // Whether Run ended because of a handled signal (SIGTERM, ...).
-  bool stopped_by_signal() const { return exit_signal_ != 0; }
+  bool stopped_by_signal() const { return stopped_by_signal_; }
+
+  class Inbox;
 
  private:
-  struct Worker {
-    int local_rank = 0;
-    int rank = 0;
-    pid_t pid = -1;
-    bool alive = false;
-    int exit_code = 0;
-    int signal = 0;
-    std::string error_file;
-    std::unique_ptr<WorkerOutput> out;
-    std::unique_ptr<WorkerOutput> err;
-  };
-
-  // Setup and the loop.
   absl::Status Setup();
-  void Poll(absl::Time now);
-  void OnTimers(absl::Time now);
-  void Advance();
-
-  // Rendezvous.
-  // Joins, or with `resume_round` resumes this node in that round.
-  void OpenSession(std::optional<int64_t> resume_round = std::nullopt);
-  void DrainSession();
-  // The session ended with `status`: resume, give up, or nothing to do.
-  void OnSessionEnd(const absl::Status& status);
-  void OnResumed(const v1::Resumed& resumed);
-  void OnServerMessage(const v1::ServerMessage& message);
-  void ReportProgress(const v1::Progress& progress);
-  void Report(v1::WorkerReport::State state,
-              const WorkerFailureRecord* failure = nullptr);
-  void SendHeartbeat();
-
-  // Workers.
-  void StartWorkers(const v1::Assignment& assignment);
-  // `sender`: the pid that sent it (signalfd's ssi_pid).
-  void OnSignal(int signal, pid_t sender);
-  void ReapChildren();
-  void OnWorkerExit(Worker& worker, int status);
-  // Sends `signal` to every live worker's group unless `send` is false (it
-  // reached them already) or they are being stopped already, and arms the
-  // SIGKILL deadline.
-  void StopWorkers(int signal, bool send = true);
-  bool AnyAlive() const;
-  void ReadOutput(int fd);
-  // Reads what the workers' pipes hold now, then closes them all.
-  void DrainOutputs();
-  void CloseOutput(int fd);
-  void KillStrayChildren();
-
-  void Say(const std::string& line) const;
-  void Finish(int exit_code);
+  // Waits for events until `deadline` and feeds them to the policy.
+  void Poll(absl::Time deadline);
+  void OnSignals();
+  void DrainInbox();
+  // Carries out `effects` in order, with what they lead to.
+  void Apply(AgentEffects effects);
+  void Apply(const AgentEffect& effect);
+  void OpenSession(std::optional<int64_t> resume_round);
+  void Probe();
+  v1::AgentMessage MakeRejoin(int64_t round) const;
 
   // Constant after construction.
   const AgentConfig config_;
+  Console* const out_;
+  Console* const err_;
 
   int epoll_fd_ = -1;
   int signal_fd_ = -1;
-  int wake_fd_ = -1;  // eventfd: the session has news
+  std::shared_ptr<Inbox> inbox_;  // shared with gRPC's callbacks
 
+  AgentPolicy policy_;
+  std::unique_ptr<WorkerGroup> workers_;
   std::unique_ptr<SessionStream> session_;
-  absl::Mutex session_mu_;
-  std::deque<v1::ServerMessage> inbox_ ABSL_GUARDED_BY(session_mu_);
-  std::optional<absl::Status> session_end_ ABSL_GUARDED_BY(session_mu_);
-  bool session_ended_ = false;  // seen by the loop
+  // Which session the inbox's items belong to; bumped by every open and
+  // cancel, so that a replaced session's last words are dropped.
+  uint64_t session_generation_ = 0;
   uint64_t incarnation_ = 0;
-  // While reconnecting after a broken session: when to give up.
-  absl::Time reconnect_deadline_ = absl::InfiniteFuture();
-  bool gave_up_reconnecting_ = false;
-  // The rendezvous lost this node: once the workers stop, join afresh.
-  bool join_afresh_ = false;
-
-  std::optional<v1::Assignment> assignment_;
-  std::vector<Worker> workers_;
-  // Pipe fd -> (worker index, stream): 1 stdout, 2 stderr.
-  std::map<int, std::pair<size_t, int>> pipes_;
-  bool reported_success_ = false;
-  bool failed_this_round_ = false;
-  std::vector<WorkerFailureRecord> failures_;  // this attempt, first first
-
-  std::optional<int64_t> rejoin_round_;
-  bool job_finished_ = false;
-  std::optional<std::string> job_failed_;
-  int exit_signal_ = 0;
-
-  bool stopping_ = false;
-  absl::Time kill_deadline_ = absl::InfiniteFuture();
-  absl::Time give_up_deadline_ = absl::InfiniteFuture();
-  absl::Time next_heartbeat_ = absl::InfiniteFuture();
-  // Until the rendezvous first answers (it may not be up yet).
-  absl::Time first_answer_deadline_ = absl::InfiniteFuture();
-  bool omp_notice_given_ = false;
-  absl::Time next_progress_print_ = absl::InfinitePast();
-
   std::optional<int> exit_code_;
+  bool stopped_by_signal_ = false;
 };
 
 }  // namespace ctrun

@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ctrun/environment.h"
@@ -51,20 +53,12 @@ int Fail(const std::string& message, int code) {
   return code;
 }
 
-int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
-           EnvMap env) {
-  for (const auto& notice : options.notices) {
-    std::cerr << "ctrun: note: " << notice << "\n";
-  }
-  // Signals are taken through the agent's signalfd; blocked before any
-  // thread exists so that no thread ever takes them.
-  const sigset_t signals = AgentSignals(options.signals_to_handle);
+// Signals are taken through the agent's signalfd, blocked before any thread
+// exists so that no thread ever takes them; orphaned descendants come to
+// ctrun, which ends them; the rendezvous' own log stays quiet.
+void PrepareProcess(const sigset_t& signals) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // Orphaned grandchildren come to ctrun, which ends them.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  auto watchdog = Watchdog::Start();
-  if (!watchdog.ok()) return Fail(std::string(watchdog.status().message()), 1);
-
   // The agent is the in-process rendezvous' only client and says itself
   // what happened; the service's own log would repeat it, on stdout, which
   // belongs to the workers.
@@ -73,65 +67,172 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   logger->set_level(spdlog::level::off);
   spdlog::set_default_logger(logger);
   RouteGrpcLogsToSpdlog();
+}
+
+// How this node proves itself to the rendezvous: a token (from the token
+// file, the environment, or made up for a rendezvous nobody else reaches),
+// or munge credentials inside Slurm.
+struct Credentials {
+  std::string token;
+  std::optional<MungeAuth> munge;
+};
+
+absl::StatusOr<Credentials> ResolveCredentials(const LaunchOptions& options,
+                                               const EnvMap& env,
+                                               const RendezvousPlan& plan) {
+  Credentials c;
+  if (!options.token_file.empty()) {
+    auto read = ReadTokenFile(options.token_file);
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv_conf token_file: ", read.status().message()));
+    }
+    c.token = *read;
+  } else if (auto it = env.find(env::kRendezvousToken);
+             it != env.end() && !it->second.empty()) {
+    c.token = it->second;
+  } else if (plan.host && plan.endpoint.port == 0) {
+    c.token = GenerateToken();  // nobody else needs to know it
+  }
+  if (options.munge_auth) {
+    c.munge = MungeAuth{options.munge_socket, options.run_id};
+    // Checked before anything starts, so that a node without munge says so
+    // at once rather than as a refusal from the rendezvous.
+    if (auto probe =
+            MungeEncode(c.munge->socket, MungePayload(c.munge->job_id));
+        !probe.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the Slurm rendezvous authenticates with munge, which fails here: ",
+          probe.status().message(),
+          "; or give every node the same token (--rdzv_conf token_file=FILE "
+          "or ",
+          env::kRendezvousToken, ")"));
+    }
+  }
+  return c;
+}
+
+// The token workers get: one that admits their own job only, never the
+// service's (a worker could reach every job on a shared ctrund with it).
+std::string WorkerToken(const std::string& token, const std::string& job_id) {
+  if (token.empty() || absl::StartsWith(token, "job.")) return token;
+  return JobToken(token, job_id);
+}
+
+// The in-process rendezvous of the hosting agent, which talks to it through
+// the ordinary client like every other agent. Null when another agent here
+// serves the inferred endpoint already.
+absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
+    const LaunchOptions& options, const RendezvousPlan& plan,
+    const Credentials& credentials) {
+  ServerOptions server_options;
+  server_options.listen = plan.endpoint;
+  server_options.token = credentials.token;
+  server_options.munge = credentials.munge;
+  if (!options.tls_cert.empty()) {
+    server_options.tls = TlsServerFiles{options.tls_cert, options.tls_key, ""};
+  }
+  auto started = RendezvousServer::Start(server_options);
+  if (started.ok()) return std::move(*started);
+  if (plan.inferred && absl::IsUnavailable(started.status())) {
+    std::cerr << "ctrun: note: " << plan.endpoint.ToString()
+              << " is already served here; joining it\n";
+    return nullptr;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("cannot host the rendezvous: ", started.status().message()));
+}
+
+// Where per-attempt logs and error files go: --log_dir/RUN_ID, or a
+// temporary directory ($TMPDIR or /tmp) removed at exit unless it holds
+// something (RemoveRunDirectory).
+absl::StatusOr<std::string> MakeRunDirectory(const LaunchOptions& options) {
+  if (!options.log_dir.empty()) {
+    const std::string dir = absl::StrCat(options.log_dir, "/", options.run_id);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--log_dir: cannot create ", dir, ": ", ec.message()));
+    }
+    return dir;
+  }
+  const char* tmp = getenv("TMPDIR");
+  std::string dir = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                 "/ctrun-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot create a temporary directory like ", dir, ": ",
+                     strerror(errno)));
+  }
+  return dir;
+}
+
+// Removes a temporary run directory unless a file in it has something to
+// say (an error file, a log): then it stays, and ctrun says where.
+void RemoveRunDirectory(const std::string& dir) {
+  std::error_code ec;
+  bool kept = false;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec) && entry.file_size(ec) > 0) kept = true;
+  }
+  if (kept) {
+    std::cerr << "ctrun: the workers' error files and logs are kept in " << dir
+              << "\n";
+    return;
+  }
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The other nodes still talk to this rendezvous until they leave, unless this
+// node was told to stop: then they lose it (a ctrund avoids that). A
+// terminating signal still ends the wait; the others are ignored.
+void ServeUntilIdle(RendezvousServer& server, const sigset_t& signals) {
+  if (!server.WaitUntilIdle(absl::ZeroDuration())) {
+    std::cerr << "ctrun: keeping the rendezvous at "
+              << server.endpoint().ToString()
+              << " up until the other nodes have left\n";
+    const timespec poll{0, 0};
+    while (!server.WaitUntilIdle(absl::Milliseconds(100))) {
+      siginfo_t info;
+      const int sig = sigtimedwait(&signals, &info, &poll);
+      if (sig > 0 && sig != SIGCHLD && sig != SIGUSR1 && sig != SIGUSR2) break;
+    }
+  }
+}
+
+// A fresh value for env::kContainmentMark.
+std::string ContainmentMark() {
+  std::random_device rd;
+  return absl::StrCat(getpid(), ".", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+// DESIGN.md's flow of one job: plan the rendezvous, authenticate, host or
+// reach it, then the agent runs the job to its end.
+int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
+           EnvMap env) {
+  for (const auto& notice : options.notices) {
+    std::cerr << "ctrun: note: " << notice << "\n";
+  }
+  const sigset_t signals = AgentSignals(options.signals_to_handle);
+  PrepareProcess(signals);
+  const std::string mark = ContainmentMark();
+  auto watchdog = Watchdog::Start(mark);
+  if (!watchdog.ok()) return Fail(std::string(watchdog.status().message()), 1);
 
   auto plan = PlanRendezvous(options, Hostname());
   if (!plan.ok())
     return Fail(std::string(plan.status().message()), kUsageError);
-  std::string token;
-  if (!options.token_file.empty()) {
-    auto read = ReadTokenFile(options.token_file);
-    if (!read.ok()) {
-      return Fail(
-          absl::StrCat("--rdzv_conf token_file: ", read.status().message()),
-          kUsageError);
-    }
-    token = *read;
-  } else if (auto it = env.find(env::kRendezvousToken);
-             it != env.end() && !it->second.empty()) {
-    token = it->second;
-  } else if (plan->host && plan->endpoint.port == 0) {
-    token = GenerateToken();  // nobody else needs to know it
+  auto credentials = ResolveCredentials(options, env, *plan);
+  if (!credentials.ok()) {
+    return Fail(std::string(credentials.status().message()), kUsageError);
   }
-  std::optional<MungeAuth> munge;
-  if (options.munge_auth) {
-    munge = MungeAuth{options.munge_socket, options.run_id};
-    // Checked before anything starts, so that a node without munge says so
-    // at once rather than as a refusal from the rendezvous.
-    if (auto probe = MungeEncode(munge->socket, MungePayload(munge->job_id));
-        !probe.ok()) {
-      return Fail(absl::StrCat("the Slurm rendezvous authenticates with "
-                               "munge, which fails here: ",
-                               probe.status().message(),
-                               "; or give every node the same token "
-                               "(--rdzv_conf token_file=FILE or ",
-                               env::kRendezvousToken, ")"),
-                  kUsageError);
-    }
-  }
-
-  // The hosting agent serves the rendezvous in-process and talks to it
-  // through the ordinary client, like every other agent.
   std::unique_ptr<RendezvousServer> server;
   if (plan->host) {
-    ServerOptions server_options;
-    server_options.listen = plan->endpoint;
-    server_options.token = token;
-    server_options.munge = munge;
-    if (!options.tls_cert.empty()) {
-      server_options.tls =
-          TlsServerFiles{options.tls_cert, options.tls_key, ""};
-    }
-    auto started = RendezvousServer::Start(server_options);
-    if (started.ok()) {
-      server = std::move(*started);
-    } else if (plan->inferred && absl::IsUnavailable(started.status())) {
-      std::cerr << "ctrun: note: " << plan->endpoint.ToString()
-                << " is already served here; joining it\n";
-    } else {
-      return Fail(absl::StrCat("cannot host the rendezvous: ",
-                               started.status().message()),
-                  1);
-    }
+    auto hosted = HostRendezvous(options, *plan, *credentials);
+    if (!hosted.ok()) return Fail(std::string(hosted.status().message()), 1);
+    server = std::move(*hosted);
   }
   const std::string endpoint =
       server ? server->endpoint().ToString() : plan->endpoint.ToString();
@@ -143,80 +244,47 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   }
   ConnectionOptions connection_options;
   connection_options.endpoint = endpoint;
-  connection_options.token = token;
-  connection_options.munge = munge;
+  connection_options.token = credentials->token;
+  connection_options.munge = credentials->munge;
   connection_options.tls_ca_file = options.tls_ca;
   auto connection = Connection::Open(connection_options);
   if (!connection.ok()) {
     return Fail(std::string(connection.status().message()), kUsageError);
   }
-
-  // Per-attempt logs and error files: under --log_dir/RUN_ID, or in a
-  // temporary directory ($TMPDIR or /tmp) removed when the job succeeds.
-  std::string run_dir;
-  bool temporary = false;
-  if (!options.log_dir.empty()) {
-    run_dir = absl::StrCat(options.log_dir, "/", options.run_id);
-    std::error_code ec;
-    std::filesystem::create_directories(run_dir, ec);
-    if (ec) {
-      return Fail(absl::StrCat("--log_dir: cannot create ", run_dir, ": ",
-                               ec.message()),
-                  kUsageError);
-    }
-  } else {
-    const char* tmp = getenv("TMPDIR");
-    std::string dir = absl::StrCat(
-        tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ctrun-XXXXXX");
-    if (mkdtemp(dir.data()) == nullptr) {
-      return Fail(absl::StrCat("cannot create a temporary directory like ", dir,
-                               ": ", strerror(errno)),
-                  1);
-    }
-    run_dir = dir;
-    temporary = true;
+  auto run_dir = MakeRunDirectory(options);
+  if (!run_dir.ok()) {
+    return Fail(std::string(run_dir.status().message()),
+                absl::IsInvalidArgument(run_dir.status()) ? kUsageError : 1);
   }
+  const bool temporary = options.log_dir.empty();
 
   AgentConfig config;
-  config.store = StoreAccess{endpoint, token, munge, options.tls_ca};
-  config.options = std::move(options);
-  config.worker_argv = std::move(worker_argv);
-  config.env = std::move(env);
-  config.hostname = Hostname();
-  config.address = plan->address;
+  WorkerGroupConfig& w = config.workers;
+  w.store =
+      StoreAccess{endpoint, WorkerToken(credentials->token, options.run_id),
+                  credentials->munge, options.tls_ca};
+  w.options = std::move(options);
+  w.worker_argv = std::move(worker_argv);
+  w.env = std::move(env);
+  w.env[env::kContainmentMark] = mark;
+  w.hostname = Hostname();
+  w.address = plan->address;
+  w.run_dir = *run_dir;
+  w.watchdog = &*watchdog;
   config.connection = *connection;
-  config.run_dir = run_dir;
-  config.watchdog = &*watchdog;
   int code;
   bool signalled;
   {
-    Agent agent(std::move(config));
+    Console out(STDOUT_FILENO), err(STDERR_FILENO);
+    Agent agent(std::move(config), &out, &err);
     code = agent.Run();
     signalled = agent.stopped_by_signal();
   }
   if (server) {
-    // The other nodes still talk to this rendezvous until they leave, unless
-    // this node was told to stop: then they lose it (a ctrund avoids that).
-    if (!signalled && !server->WaitUntilIdle(absl::ZeroDuration())) {
-      std::cerr << "ctrun: keeping the rendezvous at " << endpoint
-                << " up until the other nodes have left\n";
-      // A terminating signal still ends the wait; the others are ignored.
-      const timespec poll{0, 0};
-      while (!server->WaitUntilIdle(absl::Milliseconds(100))) {
-        siginfo_t info;
-        const int sig = sigtimedwait(&signals, &info, &poll);
-        if (sig > 0 && sig != SIGCHLD && sig != SIGUSR1 && sig != SIGUSR2) {
-          break;
-        }
-      }
-    }
+    if (!signalled) ServeUntilIdle(*server, signals);
     server->Shutdown();
   }
-  // A failed job keeps its error files: the summary points at them.
-  if (temporary && code == 0) {
-    std::error_code ec;
-    std::filesystem::remove_all(run_dir, ec);
-  }
+  if (temporary) RemoveRunDirectory(*run_dir);
   return code;
 }
 

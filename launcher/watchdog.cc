@@ -11,13 +11,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ctrun/environment.h"
+#include "launcher/proc.h"
 
 namespace ctrun {
 namespace {
 
 // The watchdog's whole life: collect process groups, and kill those left
-// when the agent's end of the pipe closes.
-[[noreturn]] void RunWatchdog(int fd) {
+// when the agent's end of the pipe closes, then every marked process.
+[[noreturn]] void RunWatchdog(int fd, const std::string& marked) {
   // Terminal signals reach the agent's process group, this one included;
   // the watchdog must outlive the agent, so it ignores them.
   for (int sig :
@@ -38,12 +40,21 @@ namespace {
     if (record < 0) groups.erase(-record);
   }
   for (pid_t pgid : groups) kill(-pgid, SIGKILL);
+  // A few passes catch what was forked while we looked.
+  for (int pass = 0; pass < 10; ++pass) {
+    const std::vector<pid_t> left = ProcessesWithEnvironment(marked);
+    if (left.empty()) break;
+    for (pid_t pid : left) kill(pid, SIGKILL);
+    usleep(20'000);
+  }
   _exit(0);
 }
 
 }  // namespace
 
-absl::StatusOr<Watchdog> Watchdog::Start() {
+absl::StatusOr<Watchdog> Watchdog::Start(const std::string& mark) {
+  // Prepared before the fork: the child only reads it.
+  const std::string marked = absl::StrCat(env::kContainmentMark, "=", mark);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(
@@ -56,7 +67,7 @@ absl::StatusOr<Watchdog> Watchdog::Start() {
   }
   if (pid == 0) {
     close(fds[1]);
-    RunWatchdog(fds[0]);
+    RunWatchdog(fds[0], marked);
   }
   close(fds[0]);
   return Watchdog(pid, fds[1]);

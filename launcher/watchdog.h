@@ -1,15 +1,19 @@
-// Watchdog: a small process that ends the workers' process groups when the
+// Watchdog: a small process that ends everything the agent started when the
 // agent dies, however it dies (kill -9 included).
 //
 // Each worker dies with the agent through its parent-death signal, but its
 // own children do not; the watchdog knows every worker's process group and
 // SIGKILLs them all when its pipe from the agent closes, which the kernel
-// does on the agent's death. Grandchildren that left their worker's group
-// (setsid) are out of its reach.
+// does on the agent's death. Descendants that left their worker's group
+// (setsid, a double fork) are found by the containment mark in their
+// environment (env::kContainmentMark) and SIGKILLed too; only one that
+// also cleared its environment escapes.
 #ifndef CTRUN_LAUNCHER_WATCHDOG_H_
 #define CTRUN_LAUNCHER_WATCHDOG_H_
 
 #include <sys/types.h>
+
+#include <string>
 
 #include "absl/status/statusor.h"
 
@@ -18,7 +22,8 @@ namespace ctrun {
 class Watchdog {
  public:
   // Forks the watchdog. Must run before the agent starts any thread.
-  static absl::StatusOr<Watchdog> Start();
+  // `mark`: the kContainmentMark value the agent gives its workers.
+  static absl::StatusOr<Watchdog> Start(const std::string& mark);
 
   Watchdog(Watchdog&& other) noexcept;
   Watchdog& operator=(Watchdog&&) = delete;

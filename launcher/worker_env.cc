@@ -11,6 +11,9 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
                          const std::string& node_address,
                          const std::string& error_file) {
   EnvMap e = agent_env;
+  // The service's token reaches every job on a shared ctrund: workers get
+  // their job's token (store.token) instead.
+  e.erase(env::kRendezvousToken);
   const int rank = a.first_global_rank() + local_rank;
   e[env::kLocalRank] = absl::StrCat(local_rank);
   e[env::kRank] = absl::StrCat(rank);

@@ -24,9 +24,10 @@ struct StoreAccess {
 // `node_address`: where this node's workers listen for their peers.
 
 // The full environment of the worker at `local_rank` in `assignment`.
-// `agent_env` is inherited; OMP_NUM_THREADS=1 is added when several workers
-// share the node and it is unset; the NCCL error-handling switches are set
-// to 1 unless set.
+// `agent_env` is inherited, but for the rendezvous token (workers get
+// store.token, their job's own); OMP_NUM_THREADS=1 is added when several
+// workers share the node and it is unset; the NCCL error-handling switches are
+// set to 1 unless set.
 EnvMap WorkerEnvironment(const LaunchOptions& options,
                          const v1::Assignment& assignment, int local_rank,
                          const EnvMap& agent_env, const StoreAccess& store,

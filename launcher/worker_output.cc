@@ -10,8 +10,9 @@
 namespace ctrun {
 namespace {
 
-// Writes all of `data`, retrying after EINTR and short writes. A console
-// that went away (EPIPE) loses the line; workers must not stop for that.
+// Writes all of `data`, retrying after EINTR and short writes. A file that
+// cannot be written (disk full) loses the line; workers must not stop for
+// that.
 void WriteAll(int fd, absl::string_view data) {
   while (!data.empty()) {
     const ssize_t n = write(fd, data.data(), data.size());
@@ -44,8 +45,8 @@ std::string ExpandTemplate(const std::string& templ,
   return out;
 }
 
-WorkerOutput::WorkerOutput(std::string prefix, int console_fd, int file_fd)
-    : prefix_(std::move(prefix)), console_fd_(console_fd), file_fd_(file_fd) {}
+WorkerOutput::WorkerOutput(std::string prefix, Console* console, int file_fd)
+    : prefix_(std::move(prefix)), console_(console), file_fd_(file_fd) {}
 
 WorkerOutput::~WorkerOutput() {
   if (file_fd_ >= 0) close(file_fd_);
@@ -53,7 +54,7 @@ WorkerOutput::~WorkerOutput() {
 
 WorkerOutput::WorkerOutput(WorkerOutput&& other) noexcept
     : prefix_(std::move(other.prefix_)),
-      console_fd_(other.console_fd_),
+      console_(other.console_),
       file_fd_(std::exchange(other.file_fd_, -1)),
       partial_(std::move(other.partial_)) {}
 
@@ -86,8 +87,9 @@ void WorkerOutput::Finish() {
 
 void WorkerOutput::Emit(absl::string_view line) {
   if (file_fd_ >= 0) WriteAll(file_fd_, absl::StrCat(line, "\n"));
-  if (console_fd_ >= 0)
-    WriteAll(console_fd_, absl::StrCat(prefix_, line, "\n"));
+  if (console_ != nullptr) {
+    console_->WriteWorkerLine(absl::StrCat(prefix_, line, "\n"));
+  }
 }
 
 }  // namespace ctrun

@@ -1,7 +1,7 @@
 // WorkerOutput: one worker stream (stdout or stderr) cut into lines, each
-// written whole to the console with the worker's prefix and/or to its log
-// file. Only the agent's loop writes to the console, one write per line, so
-// lines of different workers never interleave mid-line.
+// queued whole on the console with the worker's prefix and/or written to its
+// log file. The console (console.h) may drop lines when it does not keep up;
+// the log file never does.
 #ifndef CTRUN_LAUNCHER_WORKER_OUTPUT_H_
 #define CTRUN_LAUNCHER_WORKER_OUTPUT_H_
 
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "launcher/console.h"
 
 namespace ctrun {
 
@@ -18,9 +19,9 @@ std::string ExpandTemplate(const std::string& templ,
 
 class WorkerOutput {
  public:
-  // `console_fd` < 0: not shown; `file_fd` < 0: not kept. Takes ownership
-  // of `file_fd`.
-  WorkerOutput(std::string prefix, int console_fd, int file_fd);
+  // `console` null: not shown (not owned); `file_fd` < 0: not kept. Takes
+  // ownership of `file_fd`.
+  WorkerOutput(std::string prefix, Console* console, int file_fd);
   ~WorkerOutput();
   WorkerOutput(WorkerOutput&& other) noexcept;
   WorkerOutput& operator=(WorkerOutput&&) = delete;
@@ -38,7 +39,7 @@ class WorkerOutput {
   static constexpr size_t kMaxLine = 64 << 10;
 
   std::string prefix_;
-  int console_fd_;
+  Console* console_;
   int file_fd_;
   std::string partial_;
 };

@@ -347,7 +347,8 @@ TEST_CASE("Worker output is emitted in whole prefixed lines",
           "[launcher][unit]") {
   Captured console;
   {
-    WorkerOutput out("[h:3]: ", console.fds[1], -1);
+    Console sink(console.fds[1]);
+    WorkerOutput out("[h:3]: ", &sink, -1);
     out.Append("hel");
     out.Append("lo\nwor");
     out.Append("ld\n\nlast");
@@ -360,7 +361,7 @@ TEST_CASE("Worker output goes to its log file without the prefix",
           "[launcher][unit]") {
   Captured file;
   {
-    WorkerOutput out("[p]: ", -1, dup(file.fds[1]));
+    WorkerOutput out("[p]: ", nullptr, dup(file.fds[1]));
     out.Append("a\nb\n");
   }
   CHECK(file.Read() == "a\nb\n");

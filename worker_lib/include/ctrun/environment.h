@@ -46,6 +46,9 @@ inline constexpr char kStoreTlsCa[] = "CTRUN_STORE_TLS_CA";
 // The address this node is reached by (its agent's advertised address):
 // where a worker listens for its peers, e.g. Gloo's TCP transport.
 inline constexpr char kNodeAddress[] = "CTRUN_NODE_ADDRESS";
+// Marks every process an agent started, and their descendants that keep
+// the environment: the watchdog ends those left when the agent dies.
+inline constexpr char kContainmentMark[] = "CTRUN_AGENT_MARK";
 
 // Read by the launcher.
 // The rendezvous token when no --rdzv_conf token_file is given (e.g. set once

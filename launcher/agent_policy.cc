@@ -1,0 +1,560 @@
+#include "launcher/agent_policy.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ctrun {
+namespace {
+
+using agent_effect::AbandonWorkers;
+using agent_effect::CancelSession;
+using agent_effect::CollectWorkers;
+using agent_effect::Exit;
+using agent_effect::Print;
+using agent_effect::ProbeRendezvous;
+using agent_effect::Send;
+using agent_effect::SendRejoin;
+using agent_effect::SignalWorkers;
+using agent_effect::StartWorkers;
+
+void Tell(std::string line, AgentEffects* effects) {
+  effects->push_back(agent_effect::Say{std::move(line)});
+}
+
+std::string SignalName(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", signal);
+}
+
+// A broken connection, as opposed to an answer of the service.
+bool IsTransportFailure(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsCancelled(status) ||
+         absl::IsUnknown(status) || absl::IsInternal(status);
+}
+
+// Whether a failed call means only that nothing listens there (yet): the
+// rendezvous may still come up, so the join goes on waiting. Anything else
+// (a failed TLS handshake, a peer that speaks something else) will not mend
+// itself.
+bool MayComeUp(const absl::Status& status) {
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) {
+    return true;  // it answered: the connection works
+  }
+  const absl::string_view m = status.message();
+  return absl::StrContains(m, "Connection refused") ||
+         absl::StrContains(m, "No route to host") ||
+         absl::StrContains(m, "Network is unreachable") ||
+         absl::StrContains(m, "DNS resolution failed") ||
+         absl::StrContains(m, "Deadline Exceeded") ||
+         absl::IsDeadlineExceeded(status);
+}
+
+}  // namespace
+
+AgentPolicy::AgentPolicy(AgentPolicyConfig config)
+    : config_(std::move(config)) {}
+
+int AgentPolicy::live_workers() const {
+  return static_cast<int>(
+      std::count_if(workers_.begin(), workers_.end(),
+                    [](const Worker& w) { return w.alive; }));
+}
+
+// --- the session -------------------------------------------------------------
+
+void AgentPolicy::Start(absl::Time now, AgentEffects* effects) {
+  OpenSession(std::nullopt, now, effects);
+}
+
+void AgentPolicy::OpenSession(std::optional<int64_t> resume_round,
+                              absl::Time now, AgentEffects* effects) {
+  effects->push_back(agent_effect::OpenSession{resume_round});
+  next_heartbeat_ = now + config_.options.keep_alive_interval;
+  if (resume_round || link_ == Link::kRetrying) return;
+  // A fresh join that nobody answers fails after the join timeout; one
+  // that cannot connect at all is probed long before that.
+  link_ = Link::kConnecting;
+  owed_rejoin_.reset();
+  first_answer_deadline_ = now + config_.options.join_timeout;
+  probe_at_ = now + kProbeAfter;
+}
+
+void AgentPolicy::CloseLink(AgentEffects* effects) {
+  if (link_ != Link::kClosed) effects->push_back(CancelSession{});
+  link_ = Link::kClosed;
+  first_answer_deadline_ = probe_at_ = reconnect_deadline_ = reopen_at_ =
+      next_heartbeat_ = absl::InfiniteFuture();
+}
+
+void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
+                            AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  if (link_ == Link::kConnecting || link_ == Link::kRetrying) {
+    link_ = Link::kOpen;
+    first_answer_deadline_ = probe_at_ = reconnect_deadline_ =
+        absl::InfiniteFuture();
+    SendRejoinIfOwed(effects);
+  }
+  switch (m.kind_case()) {
+    case v1::ServerMessage::kAssignment:
+      return OnAssignment(m.assignment(), now, effects);
+    case v1::ServerMessage::kRestartRequired:
+      return OnRestartRequired(m.restart_required(), now, effects);
+    case v1::ServerMessage::kJobFinished:
+      End(Ending::kJobFinished, now, effects);
+      return;
+    case v1::ServerMessage::kJobFailed:
+      if (ending_ < Ending::kJobFailed) job_failure_ = m.job_failed().reason();
+      End(Ending::kJobFailed, now, effects);
+      return;
+    case v1::ServerMessage::kProgress:
+      return OnProgress(m.progress(), now, effects);
+    case v1::ServerMessage::kResumed:
+      return OnResumed(m.resumed(), effects);
+    case v1::ServerMessage::KIND_NOT_SET:
+      return;
+  }
+}
+
+void AgentPolicy::OnSessionEnd(const absl::Status& status, absl::Time now,
+                               AgentEffects* effects) {
+  if (phase_ == Phase::kDone || link_ == Link::kClosed) return;
+  next_heartbeat_ = absl::InfiniteFuture();
+  if (ending_ != Ending::kNone) {  // stopping for good: nothing to resume
+    link_ = Link::kClosed;
+    reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
+    return;
+  }
+  const std::string& endpoint = config_.endpoint;
+  if (link_ == Link::kResuming && absl::IsNotFound(status)) {
+    // The service came back without this node (it died while a round
+    // collected, or lost its state): stop, then join afresh.
+    Tell(absl::StrCat("the rendezvous at ", endpoint, " is back but ",
+                      status.message(), "; stopping the workers"),
+         effects);
+    link_ = Link::kClosed;
+    reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
+    next_ = Next::kJoinAfresh;
+    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+    return;
+  }
+  // A service that keeps its state takes the node back with its workers
+  // running; a node still joining just joins again. Before the first
+  // assignment nobody knows whether the service keeps state, and nothing
+  // runs that a retry could lose.
+  const bool keeps_state = !assignment_ || assignment_->resumable();
+  if (IsTransportFailure(status) && keeps_state) {
+    Reconnect(phase_ == Phase::kJoining ? Link::kRetrying : Link::kResuming,
+              status, now, effects);
+    return;
+  }
+  Tell(absl::StrCat("lost the rendezvous at ", endpoint, ": ",
+                    status.ToString()),
+       effects);
+  link_ = Link::kClosed;
+  reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
+  End(Ending::kLost, now, effects);
+}
+
+void AgentPolicy::Reconnect(Link link, const absl::Status& why, absl::Time now,
+                            AgentEffects* effects) {
+  if (reconnect_deadline_ == absl::InfiniteFuture()) {
+    // A retry keeps the first attempt's deadline.
+    reconnect_deadline_ = now + config_.options.reconnect_timeout;
+    const std::string what =
+        link == Link::kRetrying ? "joining again"
+        : phase_ == Phase::kRunning
+            ? "the workers keep running while ctrun reconnects"
+            : "reconnecting";
+    Tell(absl::StrCat("lost the rendezvous at ", config_.endpoint, " (",
+                      why.ToString(), "); ", what, " (up to ",
+                      absl::FormatDuration(config_.options.reconnect_timeout),
+                      ")"),
+         effects);
+  }
+  link_ = link;
+  first_answer_deadline_ = probe_at_ = absl::InfiniteFuture();
+  reopen_at_ = now + kReopenDelay;
+  if (link == Link::kResuming) {
+    reopen_round_ = assignment_->round();
+  } else {
+    reopen_round_.reset();
+  }
+}
+
+void AgentPolicy::OnResumed(const v1::Resumed& resumed, AgentEffects* effects) {
+  if (link_ != Link::kResuming) return;
+  link_ = Link::kOpen;
+  reconnect_deadline_ = absl::InfiniteFuture();
+  Tell(
+      absl::StrCat("resumed with the rendezvous at ", config_.endpoint,
+                   " in round ", resumed.round(), "; the workers kept running"),
+      effects);
+  if (owed_rejoin_) return SendRejoinIfOwed(effects);
+  // A report sent while the service was away may be lost: say it again.
+  Report(effects);
+}
+
+void AgentPolicy::OnProbeResult(const absl::Status& status, absl::Time now,
+                                AgentEffects* effects) {
+  if (link_ != Link::kConnecting || MayComeUp(status)) return;
+  Tell(absl::StrCat("cannot talk to the rendezvous at ", config_.endpoint, ": ",
+                    status.message(),
+                    "; is TLS set up alike on both sides (--rdzv_conf tls_ca "
+                    "here for a rendezvous served with TLS, none for one "
+                    "without)?"),
+       effects);
+  CloseLink(effects);
+  End(Ending::kLost, now, effects);
+}
+
+void AgentPolicy::OnProgress(const v1::Progress& p, absl::Time now,
+                             AgentEffects* effects) {
+  // Quiet when the round closes quickly; then at most every few seconds.
+  if (now < next_progress_print_) return;
+  if (next_progress_print_ == absl::InfinitePast()) {
+    next_progress_print_ = now + kProgressQuietFor;
+    return;
+  }
+  next_progress_print_ = now + kProgressEvery;
+  std::string line =
+      absl::StrCat("waiting for nodes (round ", p.round(), "): ", p.joined(),
+                   " joined, need ", p.min_nodes());
+  if (p.max_nodes() != p.min_nodes()) {
+    absl::StrAppend(&line, "..", p.max_nodes());
+  }
+  if (p.missing_node_ranks_size() > 0) {
+    absl::StrAppend(&line, "; missing node ranks [",
+                    absl::StrJoin(p.missing_node_ranks(), ","), "]");
+  }
+  if (p.pending_count() > 0) {
+    absl::StrAppend(&line,
+                    "; not back yet: ", absl::StrJoin(p.pending(), ", "));
+  }
+  if (p.last_call_remaining_ms() >= 0) {
+    absl::StrAppend(
+        &line, "; closing in ",
+        absl::FormatDuration(absl::Milliseconds(p.last_call_remaining_ms())));
+  }
+  absl::StrAppend(&line, "; join timeout in ",
+                  absl::FormatDuration(
+                      absl::Seconds(p.join_timeout_remaining_ms() / 1000)));
+  if (p.waiting_for_slot()) {
+    absl::StrAppend(&line, "; the job is full, waiting for a free slot");
+  }
+  Tell(line, effects);
+}
+
+void AgentPolicy::Report(AgentEffects* effects) const {
+  if (link_ != Link::kOpen || !assignment_) return;
+  v1::AgentMessage m;
+  auto* r = m.mutable_worker_report();
+  r->set_round(assignment_->round());
+  r->set_state(report_);
+  if (report_ == v1::WorkerReport::FAILED && !failures_.empty()) {
+    const WorkerFailureRecord& failure = failures_.front();
+    auto* f = r->mutable_failure();
+    f->set_global_rank(failure.rank);
+    f->set_local_rank(failure.local_rank);
+    f->set_exit_code(failure.ExitCode());
+    f->set_signal(failure.signal);
+    if (failure.signal != 0) f->set_message(SignalName(failure.signal));
+  }
+  effects->push_back(Send{std::move(m)});
+}
+
+void AgentPolicy::SendRejoinIfOwed(AgentEffects* effects) {
+  if (!owed_rejoin_ || link_ != Link::kOpen) return;
+  effects->push_back(SendRejoin{*owed_rejoin_});
+  owed_rejoin_.reset();
+}
+
+// --- the round's course
+// -------------------------------------------------------
+
+void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
+                               AgentEffects* effects) {
+  if (phase_ != Phase::kJoining) return;
+  (void)now;
+  const auto& o = config_.options;
+  assignment_ = a;
+  phase_ = Phase::kRunning;
+  report_ = v1::WorkerReport::RUNNING;
+  failures_.clear();
+  next_progress_print_ = absl::InfinitePast();
+  workers_.assign(static_cast<size_t>(o.local_world_size), Worker{});
+  for (int lr = 0; lr < o.local_world_size; ++lr) {
+    workers_[static_cast<size_t>(lr)].local_rank = lr;
+    workers_[static_cast<size_t>(lr)].rank =
+        static_cast<int>(a.first_global_rank()) + lr;
+  }
+  if (!omp_notice_given_ && o.local_world_size > 1 &&
+      !config_.omp_threads_set) {
+    Tell(absl::StrCat("OMP_NUM_THREADS is unset; setting it to 1 for each of "
+                      "the ",
+                      o.local_world_size,
+                      " workers so that they do not overload the node"),
+         effects);
+    omp_notice_given_ = true;
+  }
+  effects->push_back(StartWorkers{a});
+}
+
+void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
+                                   absl::Time now, AgentEffects* effects) {
+  if (phase_ != Phase::kRunning) return;
+  for (const WorkerStart& s : started) {
+    if (s.local_rank < 0 || s.local_rank >= static_cast<int>(workers_.size())) {
+      continue;
+    }
+    Worker& w = workers_[static_cast<size_t>(s.local_rank)];
+    w.error_file = s.error_file;
+    if (s.pid > 0) {
+      w.pid = s.pid;
+      w.alive = true;
+      continue;
+    }
+    Tell(s.error, effects);
+    OnWorkerFailure(WorkerFailureRecord{s.wall_time, config_.hostname, w.rank,
+                                        w.local_rank, 127, 0, 0, w.error_file},
+                    now, effects);
+    return;
+  }
+  Report(effects);
+}
+
+void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
+                               AgentEffects* effects) {
+  auto it = std::find_if(
+      workers_.begin(), workers_.end(),
+      [&](const Worker& w) { return w.local_rank == e.local_rank; });
+  if (it == workers_.end() || !it->alive) return;
+  it->alive = false;
+  if (phase_ == Phase::kStopping) {  // expected: it was asked to stop
+    if (live_workers() == 0) OnStopped(now, effects);
+    return;
+  }
+  if (phase_ != Phase::kRunning) return;
+  if (e.signal == 0 && e.exit_code == 0) {
+    if (live_workers() == 0) {
+      report_ = v1::WorkerReport::SUCCEEDED;
+      phase_ = Phase::kWaiting;
+      Report(effects);
+    }
+    return;
+  }
+  Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
+                    ", pid ", it->pid, ") ",
+                    e.signal
+                        ? absl::StrCat("was killed by ", SignalName(e.signal))
+                        : absl::StrCat("exited with code ", e.exit_code),
+                    "; stopping the others"),
+       effects);
+  OnWorkerFailure(WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
+                                      it->local_rank, e.exit_code, e.signal,
+                                      it->pid, it->error_file},
+                  now, effects);
+}
+
+void AgentPolicy::OnWorkerFailure(const WorkerFailureRecord& failure,
+                                  absl::Time now, AgentEffects* effects) {
+  failures_.push_back(failure);
+  report_ = v1::WorkerReport::FAILED;
+  Report(effects);
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
+                                    absl::Time now, AgentEffects* effects) {
+  // Stopping for good: the other nodes restart without this one.
+  if (ending_ != Ending::kNone || phase_ == Phase::kDone) return;
+  Tell(absl::StrCat("restarting the workers (round ", r.round(),
+                    ", restarts used ", r.restart_count(), "/",
+                    config_.options.max_restarts, "): ", r.detail()),
+       effects);
+  // A join afresh (the service lost this node) supersedes any rejoin; a
+  // later restart request supersedes an earlier one.
+  if (next_ != Next::kJoinAfresh) {
+    next_ = Next::kRejoin;
+    rejoin_round_ = r.round();
+  }
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
+                           AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  // Under Slurm, slurmstepd signals every process of the step: forwarding
+  // would deliver it to the workers twice.
+  const bool delivered = config_.options.parent_signals_workers && from_parent;
+  if (signal == SIGUSR1 || signal == SIGUSR2) {
+    if (!delivered && live_workers() > 0) {
+      effects->push_back(SignalWorkers{signal});
+    }
+    return;
+  }
+  if (ending_ == Ending::kSignal) {
+    Tell(absl::StrCat(SignalName(signal), " again: killing the workers now"),
+         effects);
+    if (live_workers() > 0) effects->push_back(SignalWorkers{SIGKILL});
+    return;
+  }
+  exit_signal_ = signal;
+  ending_ = Ending::kSignal;
+  Tell(
+      absl::StrCat("received ", SignalName(signal), "; stopping ",
+                   live_workers(), " workers (SIGKILL after ",
+                   absl::FormatDuration(config_.options.shutdown_timeout), ")"),
+      effects);
+  StopWorkers(signal, /*send=*/!delivered, now, effects);
+}
+
+void AgentPolicy::End(Ending ending, absl::Time now, AgentEffects* effects) {
+  ending_ = std::max(ending_, ending);
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::StopWorkers(int signal, bool send, absl::Time now,
+                              AgentEffects* effects) {
+  // Workers asked to stop are not asked again (a node lost while a signal
+  // stops them, say): a second signal can cut short the handler that saves
+  // their state. The SIGKILL deadline stands.
+  if (phase_ == Phase::kStopping || phase_ == Phase::kDone) return;
+  phase_ = Phase::kStopping;
+  if (live_workers() == 0) return OnStopped(now, effects);
+  if (send) effects->push_back(SignalWorkers{signal});
+  kill_deadline_ = now + config_.options.shutdown_timeout;
+}
+
+void AgentPolicy::OnStopped(absl::Time now, AgentEffects* effects) {
+  kill_deadline_ = give_up_deadline_ = absl::InfiniteFuture();
+  effects->push_back(CollectWorkers{});
+  if (ending_ != Ending::kNone) {
+    phase_ = Phase::kDone;
+    const int code = ExitCode(effects);
+    CloseLink(effects);
+    effects->push_back(Exit{code});
+    return;
+  }
+  const Next next = std::exchange(next_, Next::kWait);
+  switch (next) {
+    case Next::kJoinAfresh:
+      phase_ = Phase::kJoining;
+      assignment_.reset();  // that round's service is gone
+      workers_.clear();
+      OpenSession(std::nullopt, now, effects);
+      return;
+    case Next::kRejoin:
+      phase_ = Phase::kJoining;
+      owed_rejoin_ = rejoin_round_;
+      SendRejoinIfOwed(effects);
+      return;
+    case Next::kWait:
+      phase_ = Phase::kWaiting;
+      return;
+  }
+}
+
+int AgentPolicy::ExitCode(AgentEffects* effects) const {
+  switch (ending_) {
+    case Ending::kSignal:
+      return 128 + exit_signal_;
+    case Ending::kJobFailed:
+      if (!failures_.empty()) {
+        effects->push_back(
+            Print{FormatFailureSummary(config_.options.entrypoint, failures_)});
+        return failures_.front().ExitCode();
+      }
+      Tell(absl::StrCat("job failed: ", job_failure_), effects);
+      return 1;
+    case Ending::kJobFinished:
+      return 0;
+    case Ending::kLost:
+    case Ending::kNone:
+      return 1;
+  }
+  return 1;
+}
+
+// --- time
+// ----------------------------------------------------------------------
+
+void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  if (now >= first_answer_deadline_) {
+    Tell(absl::StrCat("no answer from the rendezvous at ", config_.endpoint,
+                      " within the join timeout of ",
+                      absl::FormatDuration(config_.options.join_timeout),
+                      "; is it up, and is this the right endpoint?"),
+         effects);
+    CloseLink(effects);
+    End(Ending::kLost, now, effects);
+    return;
+  }
+  if (now >= probe_at_) {
+    probe_at_ = now + kProbeEvery;
+    effects->push_back(ProbeRendezvous{});
+  }
+  if (now >= reconnect_deadline_) {
+    Tell(absl::StrCat("could not reconnect to the rendezvous at ",
+                      config_.endpoint, " within ",
+                      absl::FormatDuration(config_.options.reconnect_timeout),
+                      " (--rdzv_conf reconnect_timeout); stopping the workers"),
+         effects);
+    CloseLink(effects);
+    End(Ending::kLost, now, effects);
+    if (phase_ == Phase::kDone) return;
+  }
+  if (now >= reopen_at_) {
+    reopen_at_ = absl::InfiniteFuture();
+    OpenSession(reopen_round_, now, effects);
+  }
+  if (now >= next_heartbeat_) {
+    v1::AgentMessage m;
+    m.mutable_heartbeat();
+    effects->push_back(Send{std::move(m)});
+    next_heartbeat_ = now + config_.options.keep_alive_interval;
+  }
+  if (now >= kill_deadline_) {
+    kill_deadline_ = absl::InfiniteFuture();
+    for (const Worker& w : workers_) {
+      if (!w.alive) continue;
+      Tell(absl::StrCat("worker rank ", w.rank, " (pid ", w.pid,
+                        ") still running after ",
+                        absl::FormatDuration(config_.options.shutdown_timeout),
+                        "; sending SIGKILL"),
+           effects);
+    }
+    effects->push_back(SignalWorkers{SIGKILL});
+    give_up_deadline_ = now + kGiveUpAfterKill;
+  }
+  if (now >= give_up_deadline_) {
+    give_up_deadline_ = absl::InfiniteFuture();
+    for (Worker& w : workers_) {
+      if (!w.alive) continue;
+      Tell(absl::StrCat("worker rank ", w.rank, " (pid ", w.pid,
+                        ") did not exit after SIGKILL (stuck in the kernel?); "
+                        "leaving it behind"),
+           effects);
+      w.alive = false;
+    }
+    effects->push_back(AbandonWorkers{});
+    OnStopped(now, effects);
+  }
+}
+
+absl::Time AgentPolicy::NextDeadline() const {
+  if (phase_ == Phase::kDone) return absl::InfiniteFuture();
+  return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
+                   reopen_at_, next_heartbeat_, kill_deadline_,
+                   give_up_deadline_});
+}
+
+}  // namespace ctrun

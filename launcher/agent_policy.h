@@ -1,0 +1,284 @@
+// AgentPolicy: what one node's agent decides, as a pure state machine.
+//
+// Inputs are the rendezvous session's messages and its end, the workers'
+// start and exits, signals, and the passage of time (Tick); each appends the
+// agent's decisions to `AgentEffects`, in the order they are to be carried
+// out. The policy does no I/O, owns no thread and reads no clock: every
+// input carries `now`, a monotonic time. The agent's loop (agent.h) applies
+// the effects; tests read them directly.
+//
+// Not thread-safe: the owner serialises all calls.
+//
+// Two things describe a node at any moment:
+// - its phase, what it does with its workers:
+//     kJoining   no workers; waits in a round for an assignment
+//     kRunning   workers run (some may have exited 0 already)
+//     kStopping  workers were asked to stop; what follows is decided
+//     kWaiting   no live workers, this round's outcome reported; waits for
+//                the rendezvous to say what is next (restart, job end)
+//     kDone      the exit code is decided; nothing more happens
+// - its link, how it stands with the rendezvous:
+//     kConnecting  a fresh join was sent, no answer yet (join timeout)
+//     kOpen        the rendezvous answered on this session
+//     kResuming    the session broke while the node held an assignment of a
+//                  service that keeps state: its workers keep running while
+//                  it resumes with its incarnation (reconnect timeout)
+//     kRetrying    the session broke while joining: it joins again
+//                  (reconnect timeout)
+//     kClosed      no session: the node exits once its workers stop, or
+//                  joins afresh (a rendezvous that came back without it)
+//
+// The transitions, row by row, are in agent_policy.cc; the rules:
+// - An assignment starts the workers. A worker failure stops the others and
+//   is reported; all workers succeeding is reported; the rendezvous then
+//   decides (RestartRequired, JobFinished, JobFailed).
+// - A restart stops the workers (SIGTERM, SIGKILL after the shutdown
+//   timeout, abandoned 10 s later) and rejoins the newest round asked for.
+// - A handled signal stops the workers with that signal, for good: the
+//   agent exits 128 + signal. A second one SIGKILLs them. SIGUSR1/SIGUSR2
+//   are forwarded. A signal that the parent delivered to the workers itself
+//   (a Slurm step) is not sent again.
+// - Workers asked to stop are never asked again by a later decision (a
+//   second SIGTERM can cut short the handler that saves their state); the
+//   strongest ending wins: signal, job failure, job end, lost rendezvous.
+// - Reports are sent only on an open link; a resumed session hears the last
+//   one again (one sent while the service was away may be lost).
+#ifndef CTRUN_LAUNCHER_AGENT_POLICY_H_
+#define CTRUN_LAUNCHER_AGENT_POLICY_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ctrun/v1/rendezvous.pb.h"
+#include "launcher/failure_report.h"
+#include "launcher/launch_options.h"
+
+namespace ctrun {
+
+// The agent's decisions. Each is carried out by the loop, in order.
+namespace agent_effect {
+// "ctrun: LINE" on stderr.
+struct Say {
+  std::string line;
+};
+// TEXT verbatim on stderr (the failure summary).
+struct Print {
+  std::string text;
+};
+// Replaces the current session (if any) by a new one: a fresh join (with a
+// new incarnation) when `resume_round` is empty, else a resume of this
+// node's incarnation in that round.
+struct OpenSession {
+  std::optional<int64_t> resume_round;
+};
+// Ends the current session at once (the node is lost to the rendezvous).
+struct CancelSession {};
+// A message on the current session.
+struct Send {
+  v1::AgentMessage message;
+};
+// A Rejoin for `round` on the current session, with a master port candidate
+// found free by the loop.
+struct SendRejoin {
+  int64_t round;
+};
+// Starts one worker per local rank; the loop answers with
+// OnWorkersStarted.
+struct StartWorkers {
+  v1::Assignment assignment;
+};
+// `signal` to every live worker's process group.
+struct SignalWorkers {
+  int signal;
+};
+// The live workers did not die of SIGKILL: stop waiting for them.
+struct AbandonWorkers {};
+// No worker is alive any more: end what they left behind and emit the rest
+// of their output, before anything said about them.
+struct CollectWorkers {};
+// A quick call to the rendezvous that does not wait for it to be up, to
+// learn why it does not answer; the loop answers with OnProbeResult.
+struct ProbeRendezvous {};
+// The agent exits with `code`.
+struct Exit {
+  int code;
+};
+}  // namespace agent_effect
+
+using AgentEffect =
+    std::variant<agent_effect::Say, agent_effect::Print,
+                 agent_effect::OpenSession, agent_effect::CancelSession,
+                 agent_effect::Send, agent_effect::SendRejoin,
+                 agent_effect::StartWorkers, agent_effect::SignalWorkers,
+                 agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
+                 agent_effect::ProbeRendezvous, agent_effect::Exit>;
+using AgentEffects = std::vector<AgentEffect>;
+
+struct AgentPolicyConfig {
+  LaunchOptions options;
+  std::string hostname;  // for failure records
+  std::string endpoint;  // the rendezvous, as messages name it
+  // The agent's environment sets OMP_NUM_THREADS (else workers get 1, said
+  // once).
+  bool omp_threads_set = false;
+};
+
+// How one worker's start went (OnWorkersStarted), by local rank.
+struct WorkerStart {
+  int local_rank = 0;
+  pid_t pid = -1;  // -1: it could not be started, see `error`
+  std::string error_file;
+  std::string error;
+  absl::Time wall_time;  // of a failed start, for the failure summary
+};
+
+// A worker's exit as the loop reaped it.
+struct WorkerExit {
+  int local_rank = 0;
+  int exit_code = 0;     // 0 when killed
+  int signal = 0;        // the signal that killed it, or 0
+  absl::Time wall_time;  // for the failure summary
+};
+
+class AgentPolicy {
+ public:
+  enum class Phase { kJoining, kRunning, kStopping, kWaiting, kDone };
+  enum class Link { kConnecting, kOpen, kResuming, kRetrying, kClosed };
+
+  // How long a worker that ignores SIGKILL (stuck in the kernel) may hold
+  // up the agent before it is abandoned.
+  static constexpr absl::Duration kGiveUpAfterKill = absl::Seconds(10);
+  // Progress of a collecting round is printed only after this long, then
+  // this often.
+  static constexpr absl::Duration kProgressQuietFor = absl::Seconds(2);
+  static constexpr absl::Duration kProgressEvery = absl::Seconds(5);
+  // A broken session is opened again after this (never in a tight loop).
+  static constexpr absl::Duration kReopenDelay = absl::Milliseconds(100);
+  // A rendezvous silent this long after a join is probed, then again this
+  // often: a TLS mismatch fails at once instead of after the join timeout.
+  static constexpr absl::Duration kProbeAfter = absl::Seconds(2);
+  static constexpr absl::Duration kProbeEvery = absl::Seconds(3);
+
+  explicit AgentPolicy(AgentPolicyConfig config);
+
+  // Opens the first session.
+  void Start(absl::Time now, AgentEffects* effects);
+  void OnMessage(const v1::ServerMessage& message, absl::Time now,
+                 AgentEffects* effects);
+  // The current session ended with `status` (never after CancelSession's
+  // session: the loop drops that one's end).
+  void OnSessionEnd(const absl::Status& status, absl::Time now,
+                    AgentEffects* effects);
+  // The answer to StartWorkers, one entry per local rank.
+  void OnWorkersStarted(const std::vector<WorkerStart>& started, absl::Time now,
+                        AgentEffects* effects);
+  void OnWorkerExit(const WorkerExit& exit, absl::Time now,
+                    AgentEffects* effects);
+  // A handled signal; `from_parent`: sent by ctrun's parent process.
+  void OnSignal(int signal, bool from_parent, absl::Time now,
+                AgentEffects* effects);
+  // The answer to ProbeRendezvous.
+  void OnProbeResult(const absl::Status& status, absl::Time now,
+                     AgentEffects* effects);
+  // Applies everything due at `now`.
+  void Tick(absl::Time now, AgentEffects* effects);
+  // When Tick next has something to do; InfiniteFuture when nothing is due.
+  absl::Time NextDeadline() const;
+
+  Phase phase() const { return phase_; }
+  Link link() const { return link_; }
+  // The current assignment's round, or -1 before the first.
+  int64_t round() const { return assignment_ ? assignment_->round() : -1; }
+  int live_workers() const;
+  // Whether a handled signal decided the exit.
+  bool stopped_by_signal() const { return ending_ == Ending::kSignal; }
+
+ private:
+  // Why the agent will exit, weakest first: a stronger one replaces a
+  // weaker one.
+  enum class Ending { kNone, kLost, kJobFinished, kJobFailed, kSignal };
+  // What follows once the workers have stopped, when no ending is decided.
+  enum class Next { kWait, kRejoin, kJoinAfresh };
+
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    bool alive = false;
+    std::string error_file;
+  };
+
+  void OnAssignment(const v1::Assignment& assignment, absl::Time now,
+                    AgentEffects* effects);
+  void OnRestartRequired(const v1::RestartRequired& restart, absl::Time now,
+                         AgentEffects* effects);
+  void OnResumed(const v1::Resumed& resumed, AgentEffects* effects);
+  void OnProgress(const v1::Progress& progress, absl::Time now,
+                  AgentEffects* effects);
+  void OnWorkerFailure(const WorkerFailureRecord& failure, absl::Time now,
+                       AgentEffects* effects);
+
+  // Decides to exit for `ending` (unless a stronger ending is decided)
+  // once the workers have stopped.
+  void End(Ending ending, absl::Time now, AgentEffects* effects);
+  // Asks the live workers to stop with `signal` (unless `send` is false or
+  // they were asked already) and arms the SIGKILL deadline; moves on at once
+  // when none is alive.
+  void StopWorkers(int signal, bool send, absl::Time now,
+                   AgentEffects* effects);
+  // Every worker is gone: exit, rejoin, join afresh or wait.
+  void OnStopped(absl::Time now, AgentEffects* effects);
+  int ExitCode(AgentEffects* effects) const;
+
+  // The session broke; `why` for the operator.
+  void Reconnect(Link link, const absl::Status& why, absl::Time now,
+                 AgentEffects* effects);
+  void OpenSession(std::optional<int64_t> resume_round, absl::Time now,
+                   AgentEffects* effects);
+  void CloseLink(AgentEffects* effects);
+  void Report(AgentEffects* effects) const;
+  void SendRejoinIfOwed(AgentEffects* effects);
+
+  // Constant after construction.
+  const AgentPolicyConfig config_;
+
+  Phase phase_ = Phase::kJoining;
+  Link link_ = Link::kConnecting;
+  Ending ending_ = Ending::kNone;
+  Next next_ = Next::kWait;
+  int64_t rejoin_round_ = -1;  // with Next::kRejoin
+  // Set when the workers stopped for a rejoin that the link could not carry
+  // yet; sent once it is open.
+  std::optional<int64_t> owed_rejoin_;
+  int exit_signal_ = 0;      // with Ending::kSignal
+  std::string job_failure_;  // with Ending::kJobFailed
+
+  std::optional<v1::Assignment> assignment_;
+  std::vector<Worker> workers_;
+  // What this round's last report said: RUNNING, SUCCEEDED or FAILED.
+  v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;
+  std::vector<WorkerFailureRecord> failures_;  // this attempt, first first
+  bool omp_notice_given_ = false;
+
+  // Deadlines; InfiniteFuture when not armed.
+  absl::Time first_answer_deadline_ = absl::InfiniteFuture();
+  absl::Time probe_at_ = absl::InfiniteFuture();
+  absl::Time reconnect_deadline_ = absl::InfiniteFuture();
+  absl::Time reopen_at_ = absl::InfiniteFuture();
+  std::optional<int64_t> reopen_round_;  // with reopen_at_
+  absl::Time next_heartbeat_ = absl::InfiniteFuture();
+  absl::Time kill_deadline_ = absl::InfiniteFuture();
+  absl::Time give_up_deadline_ = absl::InfiniteFuture();
+  absl::Time next_progress_print_ = absl::InfinitePast();
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_AGENT_POLICY_H_

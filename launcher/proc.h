@@ -1,0 +1,22 @@
+// What /proc says about other processes.
+#ifndef CTRUN_LAUNCHER_PROC_H_
+#define CTRUN_LAUNCHER_PROC_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ctrun {
+
+// The processes whose parent is `parent` now.
+std::vector<pid_t> ChildrenOf(pid_t parent);
+
+// The processes (but this one) whose environment holds the entry
+// `entry` ("NAME=VALUE") exactly. Only processes this one may read are
+// seen.
+std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_PROC_H_

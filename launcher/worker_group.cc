@@ -1,0 +1,216 @@
+#include "launcher/worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "launcher/proc.h"
+#include "launcher/worker_process.h"
+
+namespace ctrun {
+
+WorkerGroup::WorkerGroup(WorkerGroupConfig config, int epoll_fd)
+    : config_(std::move(config)), epoll_fd_(epoll_fd) {}
+
+WorkerGroup::~WorkerGroup() {
+  for (const auto& [fd, owner] : pipes_) close(fd);
+}
+
+std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
+    int local_rank, int rank, int group_rank, int stream,
+    const std::string& dir) const {
+  const auto& o = config_.options;
+  const std::string prefix = ExpandTemplate(
+      o.log_line_prefix_template, {{"host", config_.hostname},
+                                   {"rank", absl::StrCat(rank)},
+                                   {"local_rank", absl::StrCat(local_rank)},
+                                   {"group_rank", absl::StrCat(group_rank)},
+                                   {"role_name", o.role}});
+  const bool shown = !o.local_ranks_filter ||
+                     std::count(o.local_ranks_filter->begin(),
+                                o.local_ranks_filter->end(), local_rank) > 0;
+  const bool redirected = o.redirects.For(local_rank) & stream;
+  const bool kept =
+      (o.redirects.For(local_rank) | o.tee.For(local_rank)) & stream;
+  int file = -1;
+  if (kept) {
+    file =
+        open(absl::StrCat(dir, "/", stream == 1 ? "stdout.log" : "stderr.log")
+                 .c_str(),
+             O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  Console* console = stream == 1 ? config_.out : config_.err;
+  return std::make_unique<WorkerOutput>(
+      prefix, shown && !redirected ? console : nullptr, file);
+}
+
+std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
+  const auto& o = config_.options;
+  workers_.clear();
+  const std::string attempt_dir =
+      absl::StrCat(config_.run_dir, "/attempt_", a.restart_count());
+  std::error_code ec;
+  std::filesystem::remove_all(attempt_dir, ec);
+  std::vector<WorkerStart> started;
+  for (int lr = 0; lr < o.local_world_size; ++lr) {
+    const int rank = static_cast<int>(a.first_global_rank()) + lr;
+    const std::string dir = absl::StrCat(attempt_dir, "/", lr);
+    std::filesystem::create_directories(dir, ec);
+    WorkerStart start;
+    start.local_rank = lr;
+    start.error_file = dir + "/error.json";
+    const EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
+                                         config_.address, start.error_file);
+    auto spawned = SpawnWorker(config_.worker_argv, env);
+    if (!spawned.ok()) {
+      start.error = std::string(spawned.status().message());
+      start.wall_time = absl::Now();
+      started.push_back(std::move(start));
+      return started;
+    }
+    start.pid = spawned->pid;
+    if (config_.watchdog) config_.watchdog->Track(spawned->pid);
+    Worker w;
+    w.local_rank = lr;
+    w.pid = spawned->pid;
+    w.alive = true;
+    w.out = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 1, dir);
+    w.err = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 2, dir);
+    workers_.push_back(std::move(w));
+    AddPipe(spawned->stdout_fd, workers_.size() - 1, 1);
+    AddPipe(spawned->stderr_fd, workers_.size() - 1, 2);
+    started.push_back(std::move(start));
+  }
+  return started;
+}
+
+void WorkerGroup::AddPipe(int fd, size_t worker, int stream) {
+  pipes_[fd] = {worker, stream};
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = static_cast<uint64_t>(fd);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void WorkerGroup::Signal(int signal) {
+  for (const Worker& w : workers_) {
+    if (w.alive) kill(-w.pid, signal);
+  }
+}
+
+std::vector<WorkerExit> WorkerGroup::Reap() {
+  std::vector<WorkerExit> exits;
+  int status = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    if (config_.watchdog && pid == config_.watchdog->pid()) {
+      config_.err->WriteAgentLine(
+          "ctrun: the watchdog process exited; workers may outlive a crash "
+          "of ctrun\n");
+      continue;
+    }
+    auto it = std::find_if(workers_.begin(), workers_.end(),
+                           [pid](const Worker& w) { return w.pid == pid; });
+    // Anything else is an orphaned descendant (ctrun is a subreaper).
+    if (it == workers_.end() || !it->alive) continue;
+    it->alive = false;
+    // What the worker left running in its group goes with it.
+    kill(-it->pid, SIGKILL);
+    if (config_.watchdog) config_.watchdog->Untrack(it->pid);
+    WorkerExit e;
+    e.local_rank = it->local_rank;
+    e.wall_time = absl::Now();
+    if (WIFSIGNALED(status)) {
+      e.signal = WTERMSIG(status);
+    } else {
+      e.exit_code = WEXITSTATUS(status);
+    }
+    exits.push_back(e);
+  }
+  return exits;
+}
+
+void WorkerGroup::Abandon() {
+  for (Worker& w : workers_) w.alive = false;
+}
+
+void WorkerGroup::OnReadable(int fd) { Read(fd, kReadBudget); }
+
+void WorkerGroup::OnHangup(int fd) { Read(fd, 0); }
+
+void WorkerGroup::Read(int fd, size_t budget) {
+  auto it = pipes_.find(fd);
+  if (it == pipes_.end()) return;
+  Worker& w = workers_[it->second.first];
+  WorkerOutput& sink = it->second.second == 1 ? *w.out : *w.err;
+  char buffer[16384];
+  size_t total = 0;
+  while (budget == 0 || total < budget) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n > 0) {
+      sink.Append(absl::string_view(buffer, static_cast<size_t>(n)));
+      total += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    ClosePipe(fd);  // EOF or error
+    return;
+  }
+}
+
+void WorkerGroup::ClosePipe(int fd) {
+  auto it = pipes_.find(fd);
+  if (it == pipes_.end()) return;
+  Worker& w = workers_[it->second.first];
+  (it->second.second == 1 ? w.out : w.err)->Finish();
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  close(fd);
+  pipes_.erase(it);
+}
+
+void WorkerGroup::Collect() {
+  EndStrays();
+  // The workers' last words; whatever is still open after that belongs to
+  // something that outlived its worker.
+  std::vector<int> fds;
+  for (const auto& [fd, owner] : pipes_) fds.push_back(fd);
+  for (int fd : fds) Read(fd, 0);
+  fds.clear();
+  for (const auto& [fd, owner] : pipes_) fds.push_back(fd);
+  for (int fd : fds) ClosePipe(fd);
+}
+
+void WorkerGroup::EndStrays() {
+  // Orphaned descendants of workers were reparented to ctrun (a child
+  // subreaper); end them and reap them. A few passes catch children that
+  // were forked while we looked.
+  const pid_t self = getpid();
+  const pid_t watchdog = config_.watchdog ? config_.watchdog->pid() : -1;
+  for (int pass = 0; pass < 5; ++pass) {
+    bool found = false;
+    for (pid_t pid : ChildrenOf(self)) {
+      if (pid == watchdog) continue;
+      const bool worker = std::any_of(
+          workers_.begin(), workers_.end(),
+          [pid](const Worker& w) { return w.pid == pid && w.alive; });
+      if (worker) continue;  // still running
+      found = true;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, WNOHANG);
+    }
+    if (!found) return;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace ctrun

@@ -1,0 +1,110 @@
+// WorkerGroup: the process edge of one node's agent. It spawns the workers
+// of an attempt with torchrun's environment, signals their process groups,
+// reaps them, carries their output to the console and the log files, and
+// ends whatever they leave behind.
+//
+// Containment: every worker is in its own process group and dies with the
+// agent (parent-death signal); the agent is a child subreaper, so orphaned
+// descendants come to it and are ended when their attempt is collected; the
+// watchdog (watchdog.h) ends every worker group and every process that
+// carries this agent's containment mark when the agent dies, however it
+// dies.
+//
+// Used by the agent's loop only; not thread-safe. Output pipes are added to
+// the loop's epoll set with the pipe's fd as the event's tag.
+#ifndef CTRUN_LAUNCHER_WORKER_GROUP_H_
+#define CTRUN_LAUNCHER_WORKER_GROUP_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launcher/agent_policy.h"
+#include "launcher/command_line.h"
+#include "launcher/console.h"
+#include "launcher/launch_options.h"
+#include "launcher/watchdog.h"
+#include "launcher/worker_env.h"
+#include "launcher/worker_output.h"
+
+namespace ctrun {
+
+struct WorkerGroupConfig {
+  LaunchOptions options;
+  std::vector<std::string> worker_argv;
+  EnvMap env;  // the agent's own environment, inherited by the workers
+  std::string hostname;
+  std::string address;  // this node's, for the workers
+  StoreAccess store;
+  std::string run_dir;           // attempt_N/LOCAL_RANK/ go below
+  Watchdog* watchdog = nullptr;  // optional; not owned
+  Console* out = nullptr;        // not owned
+  Console* err = nullptr;        // not owned
+};
+
+class WorkerGroup {
+ public:
+  // A pipe read gives at most this many bytes per wakeup of the loop, so
+  // that a worker that prints without pause cannot starve the rest.
+  static constexpr size_t kReadBudget = 64 << 10;
+
+  WorkerGroup(WorkerGroupConfig config, int epoll_fd);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts one worker per local rank for `assignment` (the previous
+  // attempt's must have been collected), in order, stopping at the first
+  // that cannot be started.
+  std::vector<WorkerStart> Start(const v1::Assignment& assignment);
+  // Sends `signal` to every live worker's process group.
+  void Signal(int signal);
+  // Reaps every child that exited; returns the workers among them. What a
+  // worker left running in its group is SIGKILLed.
+  std::vector<WorkerExit> Reap();
+  // Stops waiting for the live workers (they ignored SIGKILL).
+  void Abandon();
+  // Every worker is gone: reads what their pipes still hold, closes them,
+  // and ends the descendants they left behind.
+  void Collect();
+  // Ends the orphaned descendants that came to this process (a subreaper).
+  void EndStrays();
+
+  // For the loop's epoll events on a pipe.
+  bool Owns(int fd) const { return pipes_.contains(fd); }
+  void OnReadable(int fd);
+  void OnHangup(int fd);
+
+ private:
+  struct Worker {
+    int local_rank = 0;
+    pid_t pid = -1;
+    bool alive = false;
+    std::unique_ptr<WorkerOutput> out;
+    std::unique_ptr<WorkerOutput> err;
+  };
+
+  void AddPipe(int fd, size_t worker, int stream);
+  // Reads up to `budget` bytes of `fd` (all there is when 0).
+  void Read(int fd, size_t budget);
+  void ClosePipe(int fd);
+  std::unique_ptr<WorkerOutput> MakeOutput(int local_rank, int rank,
+                                           int group_rank, int stream,
+                                           const std::string& dir) const;
+
+  // Constant after construction.
+  const WorkerGroupConfig config_;
+  const int epoll_fd_;
+
+  std::vector<Worker> workers_;
+  // Pipe fd -> (worker index, stream): 1 stdout, 2 stderr.
+  std::map<int, std::pair<size_t, int>> pipes_;
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_WORKER_GROUP_H_
