@@ -1,0 +1,741 @@
+#include "launcher/agent_policy.h"
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+
+namespace ctrun {
+namespace {
+
+namespace e = agent_effect;
+using Phase = AgentPolicy::Phase;
+using Link = AgentPolicy::Link;
+
+LaunchOptions Options(int workers = 2) {
+  LaunchOptions o;
+  o.local_world_size = workers;
+  o.max_restarts = 3;
+  o.entrypoint = "train.py";
+  o.join_timeout = absl::Seconds(600);
+  o.reconnect_timeout = absl::Seconds(60);
+  o.keep_alive_interval = absl::Seconds(1);
+  o.shutdown_timeout = absl::Seconds(30);
+  return o;
+}
+
+// Drives an AgentPolicy with a fake clock and keeps the effects of the last
+// input.
+class Harness {
+ public:
+  explicit Harness(LaunchOptions options = Options())
+      : workers_(options.local_world_size), policy_(Config(options)) {
+    policy_.Start(now_, &effects_);
+  }
+
+  static AgentPolicyConfig Config(LaunchOptions options) {
+    AgentPolicyConfig c;
+    c.options = std::move(options);
+    c.hostname = "node-a";
+    c.endpoint = "10.0.0.1:29400";
+    c.omp_threads_set = true;
+    return c;
+  }
+
+  AgentPolicy& policy() { return policy_; }
+  const AgentEffects& effects() const { return effects_; }
+  absl::Time now() const { return now_; }
+
+  // Each input replaces the kept effects.
+  void Message(const v1::ServerMessage& m) {
+    effects_.clear();
+    policy_.OnMessage(m, now_, &effects_);
+  }
+  void SessionEnd(const absl::Status& status) {
+    effects_.clear();
+    policy_.OnSessionEnd(status, now_, &effects_);
+  }
+  void Signal(int signal, bool from_parent = false) {
+    effects_.clear();
+    policy_.OnSignal(signal, from_parent, now_, &effects_);
+  }
+  void Probed(const absl::Status& status) {
+    effects_.clear();
+    policy_.OnProbeResult(status, now_, &effects_);
+  }
+  // Advances the clock by `d` in steps no longer than a tick would be, and
+  // keeps every effect of the way.
+  void Advance(absl::Duration d) {
+    effects_.clear();
+    const absl::Time end = now_ + d;
+    while (true) {
+      const absl::Time next = std::min(policy_.NextDeadline(), end);
+      if (next > now_) now_ = next;
+      policy_.Tick(now_, &effects_);
+      if (now_ >= end) return;
+    }
+  }
+
+  // Assignment for round `round` with first global rank 4, answered with
+  // pids 100 + local rank.
+  void Assign(int64_t round = 0, bool resumable = false) {
+    v1::ServerMessage m;
+    auto* a = m.mutable_assignment();
+    a->set_round(round);
+    a->set_group_rank(1);
+    a->set_first_global_rank(4);
+    a->set_world_size(8);
+    a->set_restart_count(round);
+    a->set_resumable(resumable);
+    Message(m);
+    REQUIRE(Has<e::StartWorkers>());
+    std::vector<WorkerStart> started;
+    for (int lr = 0; lr < workers_; ++lr) {
+      started.push_back({lr, 100 + lr, "/run/" + std::to_string(lr), "", {}});
+    }
+    AgentEffects more;
+    policy_.OnWorkersStarted(started, now_, &more);
+    effects_.insert(effects_.end(), more.begin(), more.end());
+  }
+  void Exit(int local_rank, int code, int signal = 0) {
+    effects_.clear();
+    policy_.OnWorkerExit({local_rank, code, signal, absl::UnixEpoch()}, now_,
+                         &effects_);
+  }
+
+  template <typename T>
+  bool Has() const {
+    return Count<T>() > 0;
+  }
+  template <typename T>
+  int Count() const {
+    int n = 0;
+    for (const auto& effect : effects_) n += std::holds_alternative<T>(effect);
+    return n;
+  }
+  template <typename T>
+  const T& Get() const {
+    for (const auto& effect : effects_) {
+      if (auto* t = std::get_if<T>(&effect)) return *t;
+    }
+    FAIL("no such effect");
+    static T none;
+    return none;
+  }
+  // The signals sent to the workers, in order.
+  std::vector<int> Signals() const {
+    std::vector<int> signals;
+    for (const auto& effect : effects_) {
+      if (auto* s = std::get_if<e::SignalWorkers>(&effect)) {
+        signals.push_back(s->signal);
+      }
+    }
+    return signals;
+  }
+  // The worker reports sent, as their states.
+  std::vector<v1::WorkerReport> Reports() const {
+    std::vector<v1::WorkerReport> reports;
+    for (const auto& effect : effects_) {
+      if (auto* s = std::get_if<e::Send>(&effect);
+          s != nullptr && s->message.has_worker_report()) {
+        reports.push_back(s->message.worker_report());
+      }
+    }
+    return reports;
+  }
+  bool Said(const std::string& needle) const {
+    for (const auto& effect : effects_) {
+      if (auto* s = std::get_if<e::Say>(&effect);
+          s != nullptr && absl::StrContains(s->line, needle)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  std::optional<int> ExitCode() const {
+    if (!Has<e::Exit>()) return std::nullopt;
+    return Get<e::Exit>().code;
+  }
+
+ private:
+  absl::Time now_ = absl::UnixEpoch() + absl::Hours(1);
+  const int workers_;
+  AgentPolicy policy_;
+  AgentEffects effects_;
+};
+
+v1::ServerMessage Restart(int64_t round, const std::string& detail = "") {
+  v1::ServerMessage m;
+  m.mutable_restart_required()->set_round(round);
+  m.mutable_restart_required()->set_restart_count(round);
+  m.mutable_restart_required()->set_detail(detail);
+  return m;
+}
+
+v1::ServerMessage Finished() {
+  v1::ServerMessage m;
+  m.mutable_job_finished();
+  return m;
+}
+
+v1::ServerMessage Failed(const std::string& reason) {
+  v1::ServerMessage m;
+  m.mutable_job_failed()->set_reason(reason);
+  return m;
+}
+
+v1::ServerMessage Resumed(int64_t round) {
+  v1::ServerMessage m;
+  m.mutable_resumed()->set_round(round);
+  return m;
+}
+
+v1::ServerMessage Progress() {
+  v1::ServerMessage m;
+  m.mutable_progress()->set_joined(1);
+  m.mutable_progress()->set_min_nodes(2);
+  m.mutable_progress()->set_max_nodes(2);
+  return m;
+}
+
+// --- joining
+// -------------------------------------------------------------------
+
+TEST_CASE("An agent opens a fresh session and waits for its assignment",
+          "[agent][unit]") {
+  Harness h;
+  REQUIRE(h.Has<e::OpenSession>());
+  CHECK_FALSE(h.Get<e::OpenSession>().resume_round.has_value());
+  CHECK(h.policy().phase() == Phase::kJoining);
+  CHECK(h.policy().link() == Link::kConnecting);
+}
+
+TEST_CASE("A rendezvous that never answers fails the join after the timeout",
+          "[agent][unit]") {
+  Harness h;
+  h.Advance(absl::Seconds(599));
+  CHECK_FALSE(h.ExitCode());
+  h.Advance(absl::Seconds(1));
+  CHECK(
+      h.Said("no answer from the rendezvous at 10.0.0.1:29400 within the "
+             "join timeout of 10m"));
+  CHECK(h.Has<e::CancelSession>());
+  CHECK(h.ExitCode() == 1);
+  CHECK(h.policy().phase() == Phase::kDone);
+}
+
+TEST_CASE("A silent rendezvous is probed and a TLS mismatch fails at once",
+          "[agent][unit]") {
+  Harness h;
+  h.Advance(AgentPolicy::kProbeAfter);
+  REQUIRE(h.Has<e::ProbeRendezvous>());
+  h.Probed(absl::UnavailableError(
+      "failed to connect to all addresses; last error: UNKNOWN: "
+      "ipv4:127.0.0.1:5: Ssl handshake failed: SSL_ERROR_SSL"));
+  CHECK(
+      h.Said("cannot talk to the rendezvous at 10.0.0.1:29400: failed to "
+             "connect to all addresses"));
+  CHECK(h.Said("is TLS set up alike on both sides"));
+  CHECK(h.ExitCode() == 1);
+}
+
+TEST_CASE("A rendezvous that is not up yet is waited for, probed again",
+          "[agent][unit]") {
+  Harness h;
+  h.Advance(AgentPolicy::kProbeAfter);
+  h.Probed(absl::UnavailableError(
+      "failed to connect to all addresses; last error: UNKNOWN: "
+      "ipv4:127.0.0.1:5: Failed to connect to remote host: Connection "
+      "refused"));
+  CHECK_FALSE(h.ExitCode());
+  h.Advance(AgentPolicy::kProbeEvery);
+  CHECK(h.Has<e::ProbeRendezvous>());
+  // An answer of any kind means the connection works.
+  h.Probed(absl::UnauthenticatedError("wrong token"));
+  CHECK_FALSE(h.ExitCode());
+}
+
+TEST_CASE("A probe that returns after the rendezvous answered changes nothing",
+          "[agent][unit]") {
+  Harness h;
+  h.Advance(AgentPolicy::kProbeAfter);
+  h.Message(Progress());
+  h.Probed(absl::UnavailableError("Ssl handshake failed"));
+  CHECK_FALSE(h.ExitCode());
+  CHECK(h.policy().link() == Link::kOpen);
+}
+
+TEST_CASE("Progress is printed only when the round takes a while",
+          "[agent][unit]") {
+  Harness h;
+  h.Message(Progress());
+  CHECK_FALSE(h.Has<e::Say>());
+  h.Advance(AgentPolicy::kProgressQuietFor);
+  h.Message(Progress());
+  CHECK(h.Said("waiting for nodes (round 0): 1 joined, need 2"));
+  h.Advance(absl::Seconds(1));
+  h.Message(Progress());
+  CHECK_FALSE(h.Has<e::Say>());
+}
+
+TEST_CASE("A session broken while collecting joins again and the job goes on",
+          "[agent][unit]") {
+  Harness h;
+  h.Message(Progress());
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  CHECK(
+      h.Said("lost the rendezvous at 10.0.0.1:29400 (UNAVAILABLE: Socket "
+             "closed); joining again (up to 1m)"));
+  CHECK(h.policy().link() == Link::kRetrying);
+  CHECK_FALSE(h.ExitCode());
+  h.Advance(AgentPolicy::kReopenDelay);
+  REQUIRE(h.Has<e::OpenSession>());
+  CHECK_FALSE(h.Get<e::OpenSession>().resume_round.has_value());
+  h.Message(Progress());
+  CHECK(h.policy().link() == Link::kOpen);
+  h.Assign();
+  CHECK(h.policy().phase() == Phase::kRunning);
+}
+
+TEST_CASE("A join retried until the reconnect timeout gives up",
+          "[agent][unit]") {
+  Harness h;
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  h.Advance(absl::Seconds(30));
+  h.SessionEnd(absl::UnavailableError("Socket closed"));  // keeps the deadline
+  h.Advance(absl::Seconds(29));
+  CHECK_FALSE(h.ExitCode());
+  h.Advance(absl::Seconds(1));
+  CHECK(
+      h.Said("could not reconnect to the rendezvous at 10.0.0.1:29400 "
+             "within 1m (--rdzv_conf reconnect_timeout)"));
+  CHECK(h.ExitCode() == 1);
+}
+
+TEST_CASE("A join refused by the rendezvous ends the agent", "[agent][unit]") {
+  Harness h;
+  h.SessionEnd(absl::FailedPreconditionError("settings differ"));
+  CHECK(
+      h.Said("lost the rendezvous at 10.0.0.1:29400: FAILED_PRECONDITION: "
+             "settings differ"));
+  CHECK(h.ExitCode() == 1);
+}
+
+TEST_CASE("A signal while joining exits at once", "[agent][unit]") {
+  Harness h;
+  h.Signal(SIGTERM);
+  CHECK(h.Signals().empty());
+  CHECK(h.ExitCode() == 128 + SIGTERM);
+}
+
+// --- running
+// -------------------------------------------------------------------
+
+TEST_CASE("An assignment starts the workers and reports them running",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  CHECK(h.policy().phase() == Phase::kRunning);
+  CHECK(h.policy().live_workers() == 2);
+  const auto reports = h.Reports();
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].state() == v1::WorkerReport::RUNNING);
+  CHECK(reports[0].round() == 0);
+}
+
+TEST_CASE("Workers that all succeed are reported and the job's end exits 0",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  h.Exit(0, 0);
+  CHECK(h.Reports().empty());
+  h.Exit(1, 0);
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::SUCCEEDED);
+  CHECK(h.policy().phase() == Phase::kWaiting);
+  h.Message(Finished());
+  CHECK(h.Has<e::CollectWorkers>());
+  CHECK(h.ExitCode() == 0);
+}
+
+TEST_CASE("A failed worker is reported and the others are stopped",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  h.Exit(1, 7);
+  CHECK(
+      h.Said("worker rank 5 (local 1, pid 101) exited with code 7; "
+             "stopping the others"));
+  REQUIRE(h.Reports().size() == 1);
+  const auto& report = h.Reports()[0];
+  CHECK(report.state() == v1::WorkerReport::FAILED);
+  CHECK(report.failure().global_rank() == 5);
+  CHECK(report.failure().exit_code() == 7);
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  CHECK(h.policy().phase() == Phase::kStopping);
+  // The other one stopping is expected, not a second failure.
+  h.Exit(0, 0, SIGTERM);
+  CHECK(h.Reports().empty());
+  CHECK(h.Has<e::CollectWorkers>());
+  CHECK(h.policy().phase() == Phase::kWaiting);
+}
+
+TEST_CASE("A worker that cannot be started is a failure with code 127",
+          "[agent][unit]") {
+  Harness h;
+  v1::ServerMessage m;
+  m.mutable_assignment()->set_first_global_rank(0);
+  h.Message(m);
+  AgentEffects effects;
+  h.policy().OnWorkersStarted(
+      {{0, 100, "/e0", "", {}},
+       {1, -1, "/e1", "cannot execute ./train: Permission denied", {}}},
+      h.now(), &effects);
+  bool said = false, failed = false, stopped = false;
+  for (const auto& effect : effects) {
+    if (auto* s = std::get_if<e::Say>(&effect)) {
+      said |= s->line == "cannot execute ./train: Permission denied";
+    }
+    if (auto* s = std::get_if<e::Send>(&effect)) {
+      failed |=
+          s->message.worker_report().state() == v1::WorkerReport::FAILED &&
+          s->message.worker_report().failure().exit_code() == 127;
+    }
+    if (auto* s = std::get_if<e::SignalWorkers>(&effect)) {
+      stopped |= s->signal == SIGTERM;
+    }
+  }
+  CHECK(said);
+  CHECK(failed);
+  CHECK(stopped);
+}
+
+TEST_CASE("A job failure prints the root cause and exits with its code",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  h.Exit(0, 3);
+  h.Exit(1, 0, SIGTERM);
+  h.Message(Failed("restart budget spent"));
+  REQUIRE(h.Has<e::Print>());
+  CHECK(absl::StrContains(h.Get<e::Print>().text, "train.py"));
+  CHECK(h.ExitCode() == 3);
+}
+
+TEST_CASE("A job failure without a local failure exits 1 with the reason",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  h.Message(Failed("node b failed"));
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.Said("job failed: node b failed"));
+  CHECK(h.ExitCode() == 1);
+}
+
+// --- restarts
+// ------------------------------------------------------------------
+
+TEST_CASE("A restart stops the workers and rejoins once they are gone",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Message(Restart(1, "node c was lost"));
+  CHECK(
+      h.Said("restarting the workers (round 1, restarts used 1/3): node c "
+             "was lost"));
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  CHECK_FALSE(h.Has<e::SendRejoin>());
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.Get<e::SendRejoin>().round == 1);
+  CHECK(h.policy().phase() == Phase::kJoining);
+  h.Assign(1);
+  CHECK(h.policy().phase() == Phase::kRunning);
+}
+
+TEST_CASE(
+    "A lost node during a restart rejoins the newest round, signalling "
+    "once",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Message(Restart(1));
+  h.Message(Restart(2, "node d was lost"));
+  CHECK(h.Signals().empty());  // asked to stop already
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.Get<e::SendRejoin>().round == 2);
+}
+
+TEST_CASE("A restart after this node's failure rejoins once they stopped",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Exit(0, 1);
+  h.Message(Restart(1));
+  CHECK(h.Signals().empty());
+  h.Exit(1, 0, SIGTERM);
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.Get<e::SendRejoin>().round == 1);
+}
+
+TEST_CASE("A restart of a node whose workers are done rejoins at once",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  h.Message(Restart(1));
+  CHECK(h.Signals().empty());
+  REQUIRE(h.Has<e::SendRejoin>());
+}
+
+TEST_CASE("A worker failure while stopping is not reported", "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Message(Restart(1));
+  h.Exit(0, 1);
+  CHECK(h.Reports().empty());
+  CHECK_FALSE(h.Said("exited with code"));
+}
+
+TEST_CASE("Workers that ignore SIGTERM get SIGKILL, and are abandoned after",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Message(Restart(1));
+  h.Advance(absl::Seconds(29));
+  CHECK(h.Signals().empty());
+  h.Advance(absl::Seconds(1));
+  CHECK(
+      h.Said("worker rank 4 (pid 100) still running after 30s; sending "
+             "SIGKILL"));
+  CHECK(h.Signals() == std::vector<int>{SIGKILL});
+  h.Exit(0, 0, SIGKILL);
+  h.Advance(AgentPolicy::kGiveUpAfterKill);
+  CHECK(h.Said("worker rank 5 (pid 101) did not exit after SIGKILL"));
+  CHECK(h.Has<e::AbandonWorkers>());
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.policy().live_workers() == 0);
+}
+
+// --- signals
+// -------------------------------------------------------------------
+
+TEST_CASE("A signal stops the workers with it and exits 128 plus it",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Signal(SIGTERM);
+  CHECK(h.Said("received SIGTERM; stopping 2 workers (SIGKILL after 30s)"));
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.ExitCode() == 128 + SIGTERM);
+  CHECK(h.policy().stopped_by_signal());
+}
+
+TEST_CASE("A restart request while stopping for a signal is ignored",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Signal(SIGINT);
+  h.Message(Restart(1, "node b left"));
+  CHECK(h.Signals().empty());
+  CHECK_FALSE(h.Said("restarting"));
+  h.Exit(0, 0, SIGINT);
+  h.Exit(1, 0, SIGINT);
+  CHECK_FALSE(h.Has<e::SendRejoin>());
+  CHECK(h.ExitCode() == 128 + SIGINT);
+}
+
+TEST_CASE("A signal while restarting is not sent again but decides the exit",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Message(Restart(1));
+  h.Signal(SIGTERM);
+  CHECK(h.Signals().empty());
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK_FALSE(h.Has<e::SendRejoin>());
+  CHECK(h.ExitCode() == 128 + SIGTERM);
+}
+
+TEST_CASE("A second signal kills the workers at once", "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Signal(SIGTERM);
+  h.Signal(SIGTERM);
+  CHECK(h.Said("SIGTERM again: killing the workers now"));
+  CHECK(h.Signals() == std::vector<int>{SIGKILL});
+}
+
+TEST_CASE(
+    "SIGUSR1 is forwarded, unless the parent delivered it in a Slurm "
+    "step",
+    "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.parent_signals_workers = true;
+  Harness h(o);
+  h.Assign(0);
+  h.Signal(SIGUSR1);
+  CHECK(h.Signals() == std::vector<int>{SIGUSR1});
+  h.Signal(SIGUSR1, /*from_parent=*/true);
+  CHECK(h.Signals().empty());
+  CHECK(h.policy().phase() == Phase::kRunning);
+}
+
+TEST_CASE("A terminating signal the parent delivered is not sent again",
+          "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.parent_signals_workers = true;
+  Harness h(o);
+  h.Assign(0);
+  h.Signal(SIGTERM, /*from_parent=*/true);
+  CHECK(h.Signals().empty());
+  CHECK(h.policy().phase() == Phase::kStopping);
+}
+
+// --- the rendezvous going away
+// -------------------------------------------------
+
+TEST_CASE(
+    "Workers keep running while the agent resumes with a stateful "
+    "rendezvous",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign(3, /*resumable=*/true);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  CHECK(h.Said("the workers keep running while ctrun reconnects (up to 1m)"));
+  CHECK(h.Signals().empty());
+  CHECK(h.policy().link() == Link::kResuming);
+  h.Advance(AgentPolicy::kReopenDelay);
+  REQUIRE(h.Has<e::OpenSession>());
+  CHECK(h.Get<e::OpenSession>().resume_round == 3);
+  h.Message(Resumed(3));
+  CHECK(h.Said("resumed with the rendezvous at 10.0.0.1:29400 in round 3"));
+  CHECK(h.policy().link() == Link::kOpen);
+  // The last report is said again: one sent meanwhile may be lost.
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::RUNNING);
+  CHECK(h.policy().phase() == Phase::kRunning);
+}
+
+TEST_CASE("A failure while resuming is reported once the session is back",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0, /*resumable=*/true);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  h.Exit(0, 9);
+  CHECK(h.Reports().empty());  // no session to carry it
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Advance(AgentPolicy::kReopenDelay);
+  h.Message(Resumed(0));
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::FAILED);
+  CHECK(h.Reports()[0].failure().exit_code() == 9);
+}
+
+TEST_CASE("A restart finished while resuming rejoins once resumed",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0, /*resumable=*/true);
+  h.Message(Restart(1));
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK_FALSE(h.Has<e::SendRejoin>());
+  h.Advance(AgentPolicy::kReopenDelay);
+  h.Message(Resumed(0));
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.Get<e::SendRejoin>().round == 1);
+  CHECK(h.Reports().empty());
+}
+
+TEST_CASE("A rendezvous back without this node: stop, then join afresh",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0, /*resumable=*/true);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  h.Advance(AgentPolicy::kReopenDelay);
+  h.SessionEnd(absl::NotFoundError("no node of incarnation 5"));
+  CHECK(h.Said("is back but no node of incarnation 5; stopping the workers"));
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  REQUIRE(h.Has<e::OpenSession>());
+  CHECK_FALSE(h.Get<e::OpenSession>().resume_round.has_value());
+  CHECK(h.policy().phase() == Phase::kJoining);
+  CHECK(h.policy().link() == Link::kConnecting);
+  CHECK_FALSE(h.ExitCode());
+}
+
+TEST_CASE("Resuming gives up after the reconnect timeout and stops",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0, /*resumable=*/true);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  h.Advance(absl::Seconds(60));
+  CHECK(h.Said("could not reconnect to the rendezvous"));
+  CHECK(h.Has<e::CancelSession>());
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.ExitCode() == 1);
+}
+
+TEST_CASE("A rendezvous without state lost while running stops the job",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0, /*resumable=*/false);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  CHECK(h.Said("lost the rendezvous at 10.0.0.1:29400: UNAVAILABLE"));
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.ExitCode() == 1);
+}
+
+TEST_CASE("A session end after the job's end decided changes nothing",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Signal(SIGTERM);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  CHECK_FALSE(h.Has<e::Say>());
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.ExitCode() == 128 + SIGTERM);
+}
+
+TEST_CASE("Heartbeats go out every keep-alive interval, not while reopening",
+          "[agent][unit]") {
+  Harness h;
+  auto heartbeats = [&] {
+    int n = 0;
+    for (const auto& effect : h.effects()) {
+      if (auto* s = std::get_if<e::Send>(&effect))
+        n += s->message.has_heartbeat();
+    }
+    return n;
+  };
+  h.Advance(absl::Milliseconds(1500));
+  CHECK(heartbeats() == 1);
+  h.Assign(0, /*resumable=*/true);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  h.Advance(AgentPolicy::kReopenDelay - absl::Milliseconds(1));
+  CHECK(heartbeats() == 0);
+  h.Advance(absl::Milliseconds(2500));
+  CHECK(heartbeats() == 2);  // on the reopened session
+}
+
+}  // namespace
+}  // namespace ctrun
