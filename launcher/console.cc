@@ -23,9 +23,16 @@ Console::Console(int fd, size_t limit)
     : fd_(fd), limit_(limit), writer_([this] { WriteLoop(); }) {}
 
 Console::~Console() {
-  Flush(kDrainTimeout);
   {
     absl::MutexLock lock(&mu_);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return queue_.empty() || gone_;
+    };
+    uint64_t before;
+    do {
+      before = written_;
+    } while (!mu_.AwaitWithTimeout(absl::Condition(&drained), kStallTimeout) &&
+             written_ != before);
     stopping_ = true;
   }
   writer_.join();
@@ -93,6 +100,7 @@ void Console::WriteLoop() {
       continue;
     }
     queue_.erase(0, static_cast<size_t>(n));
+    written_ += static_cast<uint64_t>(n);
     // Caught up: say what was lost, once.
     if (unreported_drops_ > 0 && queue_.size() < limit_ / 2) {
       absl::StrAppend(&queue_, "ctrun: ", unreported_drops_,

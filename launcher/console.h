@@ -29,7 +29,8 @@ class Console {
 
   // Writes to `fd`, which it does not own; at most `limit` bytes wait.
   explicit Console(int fd, size_t limit = kDefaultLimit);
-  // Writes what is queued for up to `drain_timeout` (then drops it).
+  // Writes what is queued while the console takes it; gives up (drops the
+  // rest) once it has taken nothing for kStallTimeout.
   ~Console();
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;
@@ -46,7 +47,7 @@ class Console {
   // Worker lines dropped so far.
   uint64_t dropped_lines() const;
 
-  static constexpr absl::Duration kDrainTimeout = absl::Seconds(5);
+  static constexpr absl::Duration kStallTimeout = absl::Seconds(1);
 
  private:
   void WriteLoop();
@@ -58,6 +59,7 @@ class Console {
   mutable absl::Mutex mu_;
   std::string queue_ ABSL_GUARDED_BY(mu_);
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // bytes, ever
   uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The console cannot be written (closed, or abandoned at exit).

@@ -178,6 +178,131 @@ TEST_CASE("Grandchildren that leave their worker's group end with the job",
   CHECK(AllGoneWithin(escaped, absl::Seconds(5)));
 }
 
+TEST_CASE("Descendants that left the session end when ctrun is killed",
+          "[ctrun][integration]") {
+  // setsid takes the grandchild out of its worker's session and process
+  // group; when ctrun dies it is orphaned to init, beyond every group kill.
+  auto c =
+      Ctrun({"--nproc_per_node=1"}, "setsid sleep 300 & echo escaped=$!; wait");
+  auto line = c->WaitForLine("escaped=", kWait);
+  REQUIRE(line);
+  const auto escaped = PidsIn(*line, "escaped");
+  REQUIRE(escaped.size() == 1);
+  c->Signal(SIGKILL);
+  CHECK(c->Wait(kWait) == 128 + SIGKILL);
+  const bool gone = AllGoneWithin(escaped, absl::Seconds(5));
+  if (!gone) kill(escaped[0], SIGKILL);  // leave nothing behind either way
+  CHECK(gone);
+}
+
+TEST_CASE("Workers get a token for their job, never the service's",
+          "[ctrun][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-token-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << "service-secret\n";
+  const std::string script =
+      "echo \"token=$CTRUN_STORE_TOKEN rdzv=${CTRUN_RDZV_TOKEN:-none}\"";
+  auto from_file =
+      Ctrun({"--rdzv_id=tok", "--rdzv_conf=token_file=" + token_file}, script);
+  auto from_env =
+      Ctrun({"--rdzv_id=tok"}, script, {"CTRUN_RDZV_TOKEN=env-secret"});
+  for (auto* c : {from_file.get(), from_env.get()}) {
+    const std::string out = c->ReadAll(kWait);
+    INFO(out << c->Stderr());
+    CHECK(c->Wait(kWait) == 0);
+    CHECK(std::regex_search(
+        out, std::regex("^R0\\| token=job\\.tok\\.[0-9a-f]{64} rdzv=none\n$")));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A run without --log_dir leaves no run directory behind",
+          "[ctrun][integration]") {
+  const std::string tmp = std::filesystem::temp_directory_path() /
+                          ("ctrun-rundirs-" + std::to_string(getpid()));
+  std::filesystem::create_directories(tmp);
+  auto count = [&] {
+    return std::distance(std::filesystem::directory_iterator(tmp),
+                         std::filesystem::directory_iterator());
+  };
+  for (const std::string script : {"exit 0", "exit 3"}) {
+    auto c = Ctrun({"--nproc_per_node=2"}, script, {"TMPDIR=" + tmp});
+    c->Wait(kWait);
+    CHECK(count() == 0);
+  }
+  // An error file is what the failure summary points at: kept, and said.
+  auto c = Ctrun({"--nproc_per_node=1"},
+                 "echo '{\"message\": \"boom\"}' > $TORCHELASTIC_ERROR_FILE; "
+                 "exit 3",
+                 {"TMPDIR=" + tmp});
+  CHECK(c->Wait(kWait) == 3);
+  CHECK(count() == 1);
+  CHECK(c->Stderr().find("error files and logs are kept in " + tmp +
+                         "/ctrun-") != std::string::npos);
+  std::filesystem::remove_all(tmp);
+}
+
+TEST_CASE(
+    "A worker printing without pause to a console nobody reads delays "
+    "no signal",
+    "[ctrun][integration]") {
+  // Nothing reads ctrun's stdout: the pipe fills, and a console write
+  // would block the loop that takes signals.
+  auto c = Ctrun({"--nproc_per_node=1"}, "exec yes");
+  absl::SleepFor(absl::Seconds(1));
+  c->Signal(SIGTERM);
+  CHECK(c->Wait(absl::Seconds(10)) == 128 + SIGTERM);
+  CHECK(c->Stderr().find("received SIGTERM") != std::string::npos);
+}
+
+TEST_CASE(
+    "Lines a slow console could not take are counted, and kept in the "
+    "log",
+    "[ctrun][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-drops-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string printed = dir + "/printed";
+  constexpr int kLines = 600000;  // ~5 MB, more than the console holds
+  auto c = Ctrun(
+      {"--nproc_per_node=1", "--log_dir=" + dir, "--tee=1", "--rdzv_id=drops"},
+      absl::StrCat("seq 1 ", kLines, "; touch ", printed, "; sleep 2"));
+  // Read nothing until every line was printed (and so read by ctrun, but
+  // for the worker's pipe buffer).
+  const absl::Time deadline = absl::Now() + kWait;
+  while (!std::filesystem::exists(printed) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(
+      out, m,
+      std::regex("ctrun: ([0-9]+) lines of worker output were dropped: the "
+                 "console did not keep up")));
+  const int dropped = std::stoi(m[1]);
+  int shown = 0, last = 0;
+  bool ordered = true;
+  for (const auto& line : Lines(out)) {
+    if (line.rfind("R0| ", 0) != 0) continue;
+    const int n = std::stoi(line.substr(4));
+    ordered &= n > last;
+    last = n;
+    ++shown;
+  }
+  CHECK(ordered);
+  CHECK(dropped > 0);
+  CHECK(shown + dropped == kLines);
+  // The log file never drops.
+  std::ifstream log(dir + "/drops/attempt_0/0/stdout.log");
+  int logged = 0;
+  for (std::string line; std::getline(log, line);) ++logged;
+  CHECK(logged == kLines);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("max_restarts restarts all workers with the restart count raised",
           "[ctrun][integration]") {
   auto c = Ctrun({"--nproc_per_node=2", "--max_restarts=3"},

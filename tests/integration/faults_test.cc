@@ -252,6 +252,63 @@ TEST_CASE("A ctrund restarted while a round collects keeps its round",
   CHECK(newcomer->Wait(kWait) == 0);
 }
 
+TEST_CASE("A ctrund restarted before the first round closes keeps the job",
+          "[faults][integration]") {
+  Restartable r;
+  // One node of two has joined: round 0 collects, nobody has an assignment.
+  auto first = Node(2, Flags(r.endpoint, "2"), r.done);
+  auto joined = [&] {
+    auto job = AdminClient(r.first->Connect()).DescribeJob("faults");
+    return job.ok() && job->nodes_size() == 1;
+  };
+  for (int i = 0; i < 400 && !joined(); ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+  REQUIRE(joined());
+  r.KillFirst();
+  REQUIRE(first->StderrContains("joining again", kWait));
+  Daemon second({"--state-dir", r.state}, r.endpoint);
+  auto other = Node(3, Flags(r.endpoint, "2"), r.done);
+  INFO(first->Stderr());
+  REQUIRE(first->WaitForLine("world=2", kWait));
+  REQUIRE(other->WaitForLine("world=2", kWait));
+  r.EndWorkers();
+  CHECK(first->Wait(kWait) == 0);
+  CHECK(other->Wait(kWait) == 0);
+}
+
+TEST_CASE("A TLS mismatch with the rendezvous fails within seconds, naming TLS",
+          "[faults][integration]") {
+  const std::string dir = TempPath("tls");
+  std::filesystem::create_directories(dir);
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  const std::string other = dir + "/other.pem", other_key = dir + "/other.key";
+  for (const auto& [c, k] :
+       {std::pair{cert, key}, std::pair{other, other_key}}) {
+    ChildProcess openssl(
+        {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+         "-days", "1", "-subj", "/CN=ctrund-test", "-addext",
+         "subjectAltName=IP:127.0.0.1", "-keyout", k, "-out", c});
+    REQUIRE(openssl.Wait(kWait) == 0);
+  }
+  Daemon daemon({"--tls-cert", cert, "--tls-key", key});
+  // Plaintext against TLS, and a CA that did not sign the daemon's
+  // certificate: each would otherwise wait out the join timeout (600 s).
+  for (const std::string& conf : {std::string(), ",tls_ca=" + other}) {
+    ChildProcess agent({CtrunPath(), "--local_addr=127.0.0.2", "--nnodes=1",
+                        "--rdzv_backend=c10d",
+                        "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=tls",
+                        "--rdzv_conf=is_host=0" + conf, "/bin/true"});
+    CHECK(agent.Wait(absl::Seconds(20)) == 1);
+    const std::string err = agent.Stderr();
+    INFO(err);
+    CHECK(err.find("cannot talk to the rendezvous at " + daemon.endpoint()) !=
+          std::string::npos);
+    CHECK(err.find("is TLS set up alike on both sides") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("Agents give up on a ctrund that does not come back",
           "[faults][integration]") {
   const std::string state = TempPath("state");

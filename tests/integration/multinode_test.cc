@@ -324,11 +324,14 @@ TEST_CASE("Training across nodes survives a lost node from its checkpoint",
   auto a = run(2);
   auto b = run(3);
   auto c = run(4);
-  // Once training is under way on three nodes, one node is lost.
-  REQUIRE((a->WaitForLine("step 50 loss", absl::Seconds(60)) ||
-           b->WaitForLine("step 50 loss", absl::Seconds(1)) ||
-           c->WaitForLine("step 50 loss", absl::Seconds(1))));
-  absl::SleepFor(absl::Milliseconds(300));
+  // Once training is under way on three nodes and has saved a checkpoint
+  // (the rename commits it), one node is lost.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!std::filesystem::exists(dir + "/train.ckpt") &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(std::filesystem::exists(dir + "/train.ckpt"));
   c->Signal(SIGKILL);
   const std::string out = a->ReadAll(kWait) + b->ReadAll(kWait);
   INFO(out << a->Stderr());
