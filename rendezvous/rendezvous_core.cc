@@ -52,6 +52,9 @@ struct RendezvousCore::Job {
   absl::flat_hash_map<int32_t, SessionId> by_hint;
   // The running round's members in group rank order.
   std::vector<SessionId> ranked;
+  // Members of the running round that left after their workers succeeded:
+  // their success stands (the job finishes when the rest succeed).
+  std::set<SessionId> succeeded_and_left;
   int32_t world_size = 0;
   std::string master_addr;
   int32_t master_port = 0;
@@ -549,10 +552,14 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
                       node.state == v1::NodeStatus::PENDING_REJOIN ||
                       (node.state == v1::NodeStatus::JOINED && job.round > 0 &&
                        node.previous_group_rank >= 0);
-  if ((running || collecting) && member) {
-    job.lost.push_back(absl::StrCat(node.Name(), " (", why, ")"));
+  const bool succeeded = running && node.state == v1::NodeStatus::SUCCEEDED;
+  if ((running || collecting) && (member || succeeded)) {
+    job.lost.push_back(
+        absl::StrCat(node.Name(), " (", why,
+                     succeeded ? ", after its workers succeeded)" : ")"));
     if (job.lost.size() > kMaxLostShown) job.lost.pop_front();
   }
+  if (succeeded) job.succeeded_and_left.insert(session);
 
   if (job.nodes.empty()) {
     ForgetJob(job.id, effects);
@@ -605,6 +612,7 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
     }
   }
   job.ranked.clear();
+  job.succeeded_and_left.clear();
   job.world_size = 0;
   job.master_addr.clear();
   job.master_port = 0;
@@ -694,6 +702,7 @@ void RendezvousCore::CloseRound(Job& job, Effects* effects) {
   job.progress_due = false;
   job.survivors_unknown = false;
   job.ranked.clear();
+  job.succeeded_and_left.clear();
   effects->changed_jobs.push_back(job.id);
   for (size_t i = 0; i < members.size(); ++i) {
     Node& node = *members[i];
@@ -763,8 +772,9 @@ void RendezvousCore::MaybeFinishJob(Job& job, Effects* effects) {
   const bool all =
       std::all_of(job.ranked.begin(), job.ranked.end(), [&job](SessionId s) {
         auto it = job.nodes.find(s);
-        return it != job.nodes.end() &&
-               it->second.state == v1::NodeStatus::SUCCEEDED;
+        return it != job.nodes.end()
+                   ? it->second.state == v1::NodeStatus::SUCCEEDED
+                   : job.succeeded_and_left.contains(s);
       });
   if (all) FinishJob(job, effects);
 }

@@ -277,6 +277,37 @@ TEST_CASE("A ctrund restarted before the first round closes keeps the job",
   CHECK(other->Wait(kWait) == 0);
 }
 
+TEST_CASE("A node lost after its workers succeeded does not hang the job",
+          "[faults][integration]") {
+  Daemon daemon;
+  const std::string done = TempPath("done");
+  std::vector<std::string> argv = {CtrunPath(), "--local_addr=127.0.0.2"};
+  for (auto& flag : Flags(daemon.endpoint(), "2")) argv.push_back(flag);
+  argv.push_back("/bin/true");
+  auto quick = std::make_unique<ChildProcess>(argv);
+  auto slow = Node(3, Flags(daemon.endpoint(), "2"), done);
+  REQUIRE(slow->WaitForLine("world=2", kWait));
+  auto succeeded = [&] {
+    auto job = AdminClient(daemon.Connect()).DescribeJob("faults");
+    if (!job.ok()) return false;
+    for (const auto& n : job->nodes()) {
+      if (n.state() == v1::NodeStatus::SUCCEEDED) return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < 400 && !succeeded(); ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+  REQUIRE(succeeded());
+  quick->Signal(SIGKILL);
+  REQUIRE(quick->Wait(kWait));
+  std::ofstream(done) << "";
+  INFO(slow->Stderr());
+  CHECK(slow->Wait(kWait) == 0);
+  CHECK(slow->Stderr().find("restarting") == std::string::npos);
+  std::filesystem::remove(done);
+}
+
 TEST_CASE("A TLS mismatch with the rendezvous fails within seconds, naming TLS",
           "[faults][integration]") {
   const std::string dir = TempPath("tls");

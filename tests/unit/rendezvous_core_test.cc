@@ -480,6 +480,43 @@ TEST_CASE("All nodes succeeding finishes the job", "[rendezvous][unit]") {
   CHECK(h.core().num_jobs() == 0);
 }
 
+TEST_CASE("A succeeded node that leaves does not undo its success",
+          "[rendezvous][unit]") {
+  Harness h(2, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  h.Report(1, 0, v1::WorkerReport::SUCCEEDED);
+  // a's agent is killed (or stopped, or told to stop) after its workers
+  // succeeded, while b and c still run.
+  h.Close(1);
+  CHECK_FALSE(h.LastRestart(2));
+  auto status = h.core().DescribeJob("job", h.now());
+  REQUIRE(status.ok());
+  REQUIRE(status->lost_nodes_size() == 1);
+  CHECK(status->lost_nodes(0).find("after its workers succeeded") !=
+        std::string::npos);
+  h.Report(2, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK_FALSE(h.Finished(2));
+  h.Report(3, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK(h.Finished(2));
+  CHECK(h.Finished(3));
+}
+
+TEST_CASE("A silent succeeded node is lost without undoing its success",
+          "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(1, 0, v1::WorkerReport::SUCCEEDED);
+  h.Silence(1);  // SIGSTOP of a's agent
+  h.Advance(absl::Seconds(4));
+  CHECK(h.Ended(1));
+  CHECK_FALSE(h.LastRestart(2));
+  h.Report(2, 0, v1::WorkerReport::SUCCEEDED);
+  CHECK(h.Finished(2));
+}
+
 TEST_CASE("A join while the job runs below max opens the next round",
           "[rendezvous][unit]") {
   Harness h(1, 3);
