@@ -370,7 +370,7 @@ TEST_CASE("A failed worker is reported and the others are stopped",
       h.Said("worker rank 5 (local 1, pid 101) exited with code 7; "
              "stopping the others"));
   REQUIRE(h.Reports().size() == 1);
-  const auto& report = h.Reports()[0];
+  const v1::WorkerReport report = h.Reports()[0];
   CHECK(report.state() == v1::WorkerReport::FAILED);
   CHECK(report.failure().global_rank() == 5);
   CHECK(report.failure().exit_code() == 7);
