@@ -1,11 +1,8 @@
 #include "launcher/agent.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
 #include "ctrun/v1/admin.grpc.pb.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/rendezvous_server.h"
 
@@ -32,24 +30,10 @@ constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
 
 constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 
-// A TCP port that is free on `address` now: the OS picks it for a socket
-// bound to port 0, which is then closed. 0 when none could be had.
+// A port free on this node's address for group rank 0's MASTER_PORT; 0 (the
+// rendezvous refuses it, naming it) only if the address stopped being ours.
 int FindFreePort(const std::string& address) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) {
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  }
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
+  return BindFreePort(address).value_or(0);
 }
 
 AgentPolicyConfig PolicyConfig(const AgentConfig& c) {

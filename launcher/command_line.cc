@@ -553,10 +553,18 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   if (o.master_addr.empty()) {
     return Bad(spec("master_addr"), raw["master_addr"], "must not be empty");
   }
+  if (auto s = ValidateHost(o.master_addr); !s.ok()) {
+    return Bad(spec("master_addr"), raw["master_addr"], s.message());
+  }
   if (!raw["master_port"].text.empty()) {
     CTRUN_RETURN_IF_ERROR(integer("master_port", 1, 65535, &o.master_port));
   }
   o.local_addr = raw["local_addr"].text;
+  if (!o.local_addr.empty()) {  // torchrun takes an empty one as none
+    if (auto s = ValidateHost(o.local_addr); !s.ok()) {
+      return Bad(spec("local_addr"), raw["local_addr"], s.message());
+    }
+  }
 
   // Job and workers.
   CTRUN_RETURN_IF_ERROR(integer("max_restarts", 0, 1'000'000, &o.max_restarts));
@@ -711,6 +719,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(
         o.local_addr.empty()) {
       // A single node is its own master: MASTER_ADDR is the address given.
       o.local_addr = o.master_addr;
+      raw["local_addr"] = RawValue{o.local_addr, Source::kDerived};
     }
   }
   if (!split->has_entrypoint) {

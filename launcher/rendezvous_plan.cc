@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -78,10 +79,31 @@ absl::StatusOr<std::string> RouteSource(const Endpoint& ep) {
   return source;
 }
 
+// The address other nodes are told must be one this node can listen on:
+// otherwise its workers' MASTER_ADDR (and the rendezvous, when hosted here)
+// would be unreachable, found only when the job fails much later.
+absl::Status CheckLocalAddress(const LaunchOptions& o) {
+  if (o.local_addr.empty()) return absl::OkStatus();
+  auto bound = BindFreePort(o.local_addr);
+  if (bound.ok()) return absl::OkStatus();
+  const bool from_master = std::any_of(
+      o.settings.begin(), o.settings.end(), [](const auto& setting) {
+        return setting.name == "local_addr" &&
+               setting.source == Source::kDerived;
+      });
+  const char* flag = from_master ? "--master_addr" : "--local_addr";
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, "=", o.local_addr, " is not an address of this machine (",
+      bound.status().message(), "); give one of this node's addresses",
+      from_master ? " (a single node is its own master)" : "", ", or leave ",
+      flag, " out"));
+}
+
 }  // namespace
 
 absl::StatusOr<RendezvousPlan> PlanRendezvous(const LaunchOptions& o,
                                               const std::string& hostname) {
+  if (auto s = CheckLocalAddress(o); !s.ok()) return s;
   RendezvousPlan plan;
   if (o.standalone || o.rdzv_endpoint.empty()) {
     plan.host = true;

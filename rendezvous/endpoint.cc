@@ -10,9 +10,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 namespace ctrun {
@@ -65,11 +68,8 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text,
     }
   }
   if (ep.host.empty()) return Malformed(text, "has an empty host");
-  for (char c : ep.host) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-                    c == ':' || c == '_' || c == '%';
-    if (!ok) return Malformed(text, "has a character not allowed in a host");
+  if (auto s = ValidateHost(ep.host); !s.ok()) {
+    return Malformed(text, absl::StrCat("has a host that is ", s.message()));
   }
   if (port_text.empty()) {
     if (!default_port) return Malformed(text, "has no port");
@@ -85,6 +85,80 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text,
   }
   ep.port = port;
   return ep;
+}
+
+absl::Status ValidateHost(absl::string_view host) {
+  auto bad = [](absl::string_view why) {
+    return absl::InvalidArgumentError(why);
+  };
+  if (host.empty()) return bad("empty");
+  if (host.size() > 253) return bad("longer than 253 bytes");
+  if (absl::StrContains(host, ':')) {
+    // The scope of a link-local address is an interface name or number.
+    const absl::string_view address = host.substr(0, host.find('%'));
+    in6_addr unused{};
+    if (inet_pton(AF_INET6, std::string(address).c_str(), &unused) != 1) {
+      return bad("not an IPv6 address");
+    }
+    return absl::OkStatus();
+  }
+  const bool dotted = std::all_of(host.begin(), host.end(), [](char c) {
+    return c == '.' || (c >= '0' && c <= '9');
+  });
+  if (dotted) {
+    in_addr unused{};
+    if (inet_pton(AF_INET, std::string(host).c_str(), &unused) != 1) {
+      return bad("not an IPv4 address (four numbers 0..255, e.g. 10.0.0.2)");
+    }
+    return absl::OkStatus();
+  }
+  // A host name; one trailing dot (fully qualified) is allowed.
+  absl::string_view name = absl::StripSuffix(host, ".");
+  for (absl::string_view label : absl::StrSplit(name, '.')) {
+    const bool chars_ok = std::all_of(label.begin(), label.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+             (c >= '0' && c <= '9') || c == '-' || c == '_';
+    });
+    if (label.empty() || label.size() > 63 || !chars_ok ||
+        label.front() == '-' || label.back() == '-') {
+      return bad(
+          "not a host name (dot-separated labels of letters, digits and "
+          "'-') or an IP address");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> BindFreePort(absl::string_view host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc =
+          getaddrinfo(std::string(host).c_str(), "0", &hints, &found);
+      rc != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("'", host, "' does not resolve: ", gai_strerror(rc)));
+  }
+  absl::Status status = absl::OkStatus();
+  int port = 0;
+  const int fd =
+      socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, found->ai_protocol);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat("cannot bind to '", host, "': ", std::strerror(errno)));
+  } else {
+    port = ntohs(bound.ss_family == AF_INET6
+                     ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                     : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  if (!status.ok()) return status;
+  return port;
 }
 
 bool IsLoopbackHost(absl::string_view host) {

@@ -24,6 +24,20 @@ struct Endpoint {
 absl::StatusOr<Endpoint> ParseEndpoint(
     absl::string_view text, std::optional<int> default_port = std::nullopt);
 
+// OK when `host` is an IPv4 address (four numbers 0..255), an IPv6 address
+// (without brackets, optionally with a %scope), or a host name (dot-separated
+// labels of letters, digits, '-' and '_', 63 bytes each, 253 in all).
+// INVALID_ARGUMENT otherwise, saying what `host` is not ("not an IPv4
+// address (...)": no host is named only by digits and dots).
+absl::Status ValidateHost(absl::string_view host);
+
+// Binds a TCP socket to port 0 of `host`'s first address (as getaddrinfo
+// resolves it) and returns the port the OS chose, closing the socket: a port
+// free now, and proof that `host` is an address of this machine.
+// FAILED_PRECONDITION, with the system's reason, when it cannot be bound;
+// NOT_FOUND when `host` does not resolve.
+absl::StatusOr<int> BindFreePort(absl::string_view host);
+
 // Whether `host` names this machine's loopback: localhost, 127.0.0.0/8, ::1.
 // Looks at the text only.
 bool IsLoopbackHost(absl::string_view host);

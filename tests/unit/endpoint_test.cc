@@ -35,6 +35,48 @@ TEST_CASE("Malformed endpoints are refused saying what is expected",
   }
 }
 
+TEST_CASE("Hosts are IP addresses or host names, nothing else",
+          "[endpoint][unit]") {
+  for (const char* good :
+       {"127.0.0.1", "10.0.0.2", "::1", "fe80::1%eth0", "node-01",
+        "node01.cluster.example", "fqdn.example.", "gpu_7", "a"}) {
+    INFO(good);
+    CHECK(ValidateHost(good).ok());
+  }
+  const std::pair<const char*, const char*> bad[] = {
+      {"127.0.0.300", "not an IPv4 address"}, {"10.0.0", "not an IPv4 address"},
+      {"1.2.3.4.5", "not an IPv4 address"},   {"::g", "not an IPv6 address"},
+      {"-node", "not a host name"},           {"node..b", "not a host name"},
+      {"bad!host", "not a host name"},        {"", "empty"},
+  };
+  for (const auto& [host, why] : bad) {
+    INFO(host);
+    auto s = ValidateHost(host);
+    REQUIRE(absl::IsInvalidArgument(s));
+    CHECK(s.message().find(why) != std::string::npos);
+  }
+  CHECK_FALSE(ValidateHost(std::string(64, 'a')).ok());  // one label > 63
+  CHECK_FALSE(ValidateHost(std::string(254, '1')).ok());
+  auto ep = ParseEndpoint("127.0.0.300:29400");
+  REQUIRE(absl::IsInvalidArgument(ep.status()));
+  CHECK(ep.status().message().find("has a host that is not an IPv4") !=
+        std::string::npos);
+}
+
+TEST_CASE("BindFreePort finds a port on this machine's addresses only",
+          "[endpoint][unit]") {
+  auto loopback = BindFreePort("127.0.0.2");
+  REQUIRE(loopback.ok());
+  CHECK(*loopback > 0);
+  CHECK(BindFreePort("localhost").ok());
+  // 192.0.2.0/24 is reserved for documentation (RFC 5737): never an address
+  // of this machine. Binding sends nothing on any network.
+  auto foreign = BindFreePort("192.0.2.1");
+  REQUIRE(absl::IsFailedPrecondition(foreign.status()));
+  CHECK(foreign.status().message() ==
+        "cannot bind to '192.0.2.1': Cannot assign requested address");
+}
+
 TEST_CASE("Loopback is told apart from other addresses", "[endpoint][unit]") {
   CHECK(IsLoopbackHost("127.0.0.3"));
   CHECK(IsLoopbackHost("localhost"));

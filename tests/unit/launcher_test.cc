@@ -12,6 +12,7 @@
 #include "launcher/command_line.h"
 #include "launcher/failure_report.h"
 #include "launcher/host_facts.h"
+#include "launcher/rendezvous_plan.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_output.h"
@@ -180,6 +181,41 @@ TEST_CASE("Multi-node launches need an endpoint or a static master",
             .find("is_host=maybe") != std::string::npos);
   CHECK(Parse({"--master_addr=10.0.0.5", "t"})->options.local_addr ==
         "10.0.0.5");
+}
+
+TEST_CASE("Addresses are checked before anything starts", "[launcher][unit]") {
+  auto malformed = Parse({"--local_addr=127.0.0.300", "t"});
+  REQUIRE(absl::IsInvalidArgument(malformed.status()));
+  CHECK(malformed.status().message() ==
+        "--local_addr=127.0.0.300: not an IPv4 address (four numbers 0..255, "
+        "e.g. 10.0.0.2)");
+  CHECK(absl::IsInvalidArgument(
+      Parse({"--master_addr=10.0.0.256", "t"}).status()));
+  // torchrun takes an empty --local_addr as none given.
+  CHECK(Parse({"--local_addr=", "t"})->options.local_addr.empty());
+
+  // An address this machine cannot listen on is refused by the plan, naming
+  // the flag that gave it. 192.0.2.1 is a documentation address (RFC 5737);
+  // trying to bind it sends nothing.
+  auto given = Parse({"--local_addr=192.0.2.1", "t"});
+  REQUIRE(given.ok());
+  auto plan = PlanRendezvous(given->options, "node");
+  REQUIRE(absl::IsInvalidArgument(plan.status()));
+  CHECK(plan.status().message() ==
+        "--local_addr=192.0.2.1 is not an address of this machine (cannot "
+        "bind to '192.0.2.1': Cannot assign requested address); give one of "
+        "this node's addresses, or leave --local_addr out");
+  auto derived = Parse({"--master_addr=192.0.2.1", "t"});
+  REQUIRE(derived.ok());
+  CHECK(PlanRendezvous(derived->options, "node")
+            .status()
+            .message()
+            .find("--master_addr=192.0.2.1 is not an address of this "
+                  "machine") != std::string::npos);
+  auto local = Parse({"--local_addr=127.0.0.2", "t"});
+  auto local_plan = PlanRendezvous(local->options, "node");
+  REQUIRE(local_plan.ok());
+  CHECK(local_plan->address == "127.0.0.2");
 }
 
 TEST_CASE("rdzv_conf sets the rendezvous timeouts", "[launcher][unit]") {
