@@ -619,7 +619,8 @@ Delivery Impl::StageLocked(Effects& effects) {
   LogEffectsLocked(effects);
   JournalJobsLocked(effects);
   Delivery delivery;
-  auto reactor_of = [this](SessionId id) -> std::shared_ptr<SessionReactor> {
+  auto reactor_of = [this](SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                        mu_) -> std::shared_ptr<SessionReactor> {
     auto it = sessions_.find(id);
     return it == sessions_.end() ? nullptr : it->second;
   };

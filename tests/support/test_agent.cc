@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "rendezvous/client.h"
@@ -24,7 +25,7 @@ using namespace ctrun;
 namespace {
 
 absl::Mutex mu;
-SessionStream* stream = nullptr;
+SessionStream* stream ABSL_GUARDED_BY(mu) = nullptr;
 
 void Print(const std::string& line) {
   std::printf("%s\n", line.c_str());
