@@ -214,6 +214,10 @@ const std::set<std::string>& RdzvConfKeys() {
   return keys;
 }
 
+// Flags that, given, make up the rendezvous instead of Slurm's defaults.
+constexpr const char* kRendezvousFlags[] = {"standalone", "rdzv_endpoint",
+                                            "rdzv_backend", "master_addr"};
+
 // Splits the command line into flag values and the entrypoint with its
 // arguments.
 struct Split {
@@ -306,121 +310,129 @@ absl::StatusOr<Split> SplitArgs(const std::vector<std::string>& args) {
   return split;
 }
 
-}  // namespace
+using Raw = std::map<std::string, RawValue>;
 
-absl::StatusOr<CommandLine> ParseCommandLine(
-    const std::vector<std::string>& args, const EnvMap& env,
-    const HostFacts& host) {
-  auto split = SplitArgs(args);
-  if (!split.ok()) return split.status();
-  CommandLine result;
-  if (split->help) {
-    result.action = CommandLine::Action::kHelp;
-    return result;
-  }
-  if (split->version) {
-    result.action = CommandLine::Action::kVersion;
-    return result;
-  }
+const FlagSpec& Spec(const char* name) { return *FindFlag(name); }
 
-  // Flag > PET_* > default.
-  std::map<std::string, RawValue> raw;
-  for (const auto& f : Flags()) {
-    RawValue v{f.value, Source::kDefault};
-    if (auto it = env.find(PetName(f)); it != env.end()) {
-      v = RawValue{it->second, Source::kEnv};
-    }
-    if (auto it = split->values.find(f.name); it != split->values.end()) {
-      v = it->second;
-    }
-    raw[f.name] = v;
-  }
-  // Slurm fills what flags and PET_* left at their defaults.
-  auto slurm = ReadSlurmFacts(env);
-  if (!slurm.ok()) return slurm.status();
-  bool slurm_rendezvous = false;
-  bool parent_signals_workers = false;
-  if (*slurm) {
-    const SlurmFacts& f = **slurm;
-    auto fill = [&](const char* name, std::string value) {
-      if (raw[name].source == Source::kDefault) {
-        raw[name] = RawValue{std::move(value), Source::kSlurm};
-      }
-    };
-    fill("rdzv_id",
-         absl::StrCat("slurm-", f.job_id, f.in_step() ? "." + f.step_id : ""));
-    // Explicit rendezvous flags always win, as a whole.
-    bool explicit_rendezvous = false;
-    for (const char* name :
-         {"standalone", "rdzv_endpoint", "rdzv_backend", "master_addr"}) {
-      explicit_rendezvous |= raw[name].source != Source::kDefault;
-    }
-    if (f.num_nodes > 1 && !explicit_rendezvous) {
-      if (!f.in_step()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "this is the batch step of a ", f.num_nodes,
-            "-node Slurm allocation, which runs on its first node only; "
-            "start one ctrun per node: srun --ntasks-per-node=1 ctrun ",
-            absl::StrJoin(args, " ")));
-      }
-      slurm_rendezvous = true;
-      fill("nnodes", absl::StrCat(f.num_nodes));
-      // Group ranks follow Slurm's node order, not the order of arrival.
-      fill("node_rank", absl::StrCat(f.node_id));
-      fill("rdzv_backend", "c10d");
-      fill("rdzv_endpoint",
-           absl::StrCat(f.nodes.front(), ":", SlurmRendezvousPort(f.job_id)));
-    }
-  }
-  if (*slurm && (*slurm)->in_step()) {
-    parent_signals_workers = SlurmSignalsWholeStep(env);
-  }
-  HostFacts host_facts = host;
-  if (*slurm && host.gpu_count == 0 && (*slurm)->gpus_on_node > 0) {
-    host_facts.gpu_count = (*slurm)->gpus_on_node;
-    host_facts.gpu_source = "SLURM_GPUS_ON_NODE";
-  }
+// A refusal of flag `name`'s value, named as the user gave it.
+absl::Status BadValue(const Raw& raw, const char* name, absl::string_view why) {
+  return Bad(Spec(name), raw.at(name), why);
+}
 
-  if (raw["log_line_prefix_template"].source == Source::kDefault) {
-    if (auto it = env.find(env::kLogLinePrefixTemplate); it != env.end()) {
-      raw["log_line_prefix_template"] = RawValue{it->second, Source::kEnv};
-    }
-  }
+absl::Status ConvertBool(const Raw& raw, const char* name, bool* out) {
+  auto b = ToBool(raw.at(name).text);
+  if (!b) return BadValue(raw, name, "expected 0 or 1");
+  *out = *b;
+  return absl::OkStatus();
+}
 
-  LaunchOptions& o = result.options;
-  auto spec = [](const char* name) -> const FlagSpec& {
-    return *FindFlag(name);
-  };
-  auto boolean = [&](const char* name, bool* out) -> absl::Status {
-    auto b = ToBool(raw[name].text);
-    if (!b) return Bad(spec(name), raw[name], "expected 0 or 1");
-    *out = *b;
-    return absl::OkStatus();
-  };
-  auto integer = [&](const char* name, int lo, int hi,
-                     int* out) -> absl::Status {
-    auto n = ToInt(raw[name].text);
-    if (!n || *n < lo || *n > hi) {
-      return Bad(spec(name), raw[name],
-                 absl::StrCat("expected an integer in ", lo, "..", hi));
-    }
-    *out = *n;
-    return absl::OkStatus();
-  };
-  auto seconds = [&](const char* name, absl::Duration* out) -> absl::Status {
-    auto d = ToSeconds(raw[name].text);
-    if (!d) return Bad(spec(name), raw[name], "expected seconds >= 0");
-    *out = *d;
-    return absl::OkStatus();
-  };
+absl::Status ConvertInt(const Raw& raw, const char* name, int lo, int hi,
+                        int* out) {
+  auto n = ToInt(raw.at(name).text);
+  if (!n || *n < lo || *n > hi) {
+    return BadValue(raw, name,
+                    absl::StrCat("expected an integer in ", lo, "..", hi));
+  }
+  *out = *n;
+  return absl::OkStatus();
+}
+
+absl::Status ConvertSeconds(const Raw& raw, const char* name,
+                            absl::Duration* out) {
+  auto d = ToSeconds(raw.at(name).text);
+  if (!d) return BadValue(raw, name, "expected seconds >= 0");
+  *out = *d;
+  return absl::OkStatus();
+}
+
 #define CTRUN_RETURN_IF_ERROR(expr)                 \
   do {                                              \
     if (absl::Status s = (expr); !s.ok()) return s; \
   } while (0)
 
-  // Nodes.
+// Every flag's text: the flag > its PET_* variable > the default.
+Raw LayerSources(const Split& split, const EnvMap& env) {
+  Raw raw;
+  for (const auto& f : Flags()) {
+    RawValue v{f.value, Source::kDefault};
+    if (auto it = env.find(PetName(f)); it != env.end()) {
+      v = RawValue{it->second, Source::kEnv};
+    }
+    if (auto it = split.values.find(f.name); it != split.values.end()) {
+      v = it->second;
+    }
+    raw[f.name] = v;
+  }
+  // torchrun reads this one without the PET_ prefix.
+  if (raw["log_line_prefix_template"].source == Source::kDefault) {
+    if (auto it = env.find(env::kLogLinePrefixTemplate); it != env.end()) {
+      raw["log_line_prefix_template"] = RawValue{it->second, Source::kEnv};
+    }
+  }
+  return raw;
+}
+
+// What Slurm contributes once its defaults are applied.
+struct SlurmContext {
+  std::optional<SlurmFacts> facts;
+  // Slurm's defaults make up the rendezvous (no rendezvous flag was given).
+  bool rendezvous = false;
+  HostFacts host;  // with Slurm's GPU count when nothing else saw GPUs
+};
+
+// Inside a Slurm job, fills what flags and PET_* left at their defaults:
+// the run id and, for a multi-node step, the node count, node rank and
+// rendezvous endpoint. Explicit rendezvous flags always win, as a whole.
+absl::StatusOr<SlurmContext> ApplySlurmDefaults(
+    const std::vector<std::string>& args, const EnvMap& env,
+    const HostFacts& host, Raw& raw) {
+  auto read = ReadSlurmFacts(env);
+  if (!read.ok()) return read.status();
+  SlurmContext slurm;
+  slurm.facts = std::move(*read);
+  slurm.host = host;
+  if (!slurm.facts) return slurm;
+  const SlurmFacts& f = *slurm.facts;
+  auto fill = [&raw](const char* name, std::string value) {
+    if (raw[name].source == Source::kDefault) {
+      raw[name] = RawValue{std::move(value), Source::kSlurm};
+    }
+  };
+  fill("rdzv_id",
+       absl::StrCat("slurm-", f.job_id, f.in_step() ? "." + f.step_id : ""));
+  const bool explicit_rendezvous =
+      std::any_of(std::begin(kRendezvousFlags), std::end(kRendezvousFlags),
+                  [&raw](const char* name) {
+                    return raw[name].source != Source::kDefault;
+                  });
+  if (f.num_nodes > 1 && !explicit_rendezvous) {
+    if (!f.in_step()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "this is the batch step of a ", f.num_nodes,
+          "-node Slurm allocation, which runs on its first node only; "
+          "start one ctrun per node: srun --ntasks-per-node=1 ctrun ",
+          absl::StrJoin(args, " ")));
+    }
+    slurm.rendezvous = true;
+    fill("nnodes", absl::StrCat(f.num_nodes));
+    // Group ranks follow Slurm's node order, not the order of arrival.
+    fill("node_rank", absl::StrCat(f.node_id));
+    fill("rdzv_backend", "c10d");
+    fill("rdzv_endpoint",
+         absl::StrCat(f.nodes.front(), ":", SlurmRendezvousPort(f.job_id)));
+  }
+  if (host.gpu_count == 0 && f.gpus_on_node > 0) {
+    slurm.host.gpu_count = f.gpus_on_node;
+    slurm.host.gpu_source = "SLURM_GPUS_ON_NODE";
+  }
+  return slurm;
+}
+
+// --nnodes and --nproc_per_node.
+absl::Status ConvertNodes(const Raw& raw, const HostFacts& host,
+                          LaunchOptions& o) {
   {
-    const auto& v = raw["nnodes"];
+    const auto& v = raw.at("nnodes");
     std::vector<std::string> parts = absl::StrSplit(v.text, ':');
     std::optional<int> lo, hi;
     if (parts.size() == 1) lo = hi = ToInt(parts[0]);
@@ -429,227 +441,81 @@ absl::StatusOr<CommandLine> ParseCommandLine(
       hi = ToInt(parts[1]);
     }
     if (!lo || !hi || *lo < 1 || *hi > 65536) {
-      return Bad(spec("nnodes"), v,
-                 "expected N or MIN:MAX with 1 <= MIN <= MAX <= 65536");
+      return BadValue(raw, "nnodes",
+                      "expected N or MIN:MAX with 1 <= MIN <= MAX <= 65536");
     }
     if (*lo > *hi) {
-      return Bad(spec("nnodes"), v,
-                 "MIN exceeds MAX; expected N or MIN:MAX with MIN <= MAX");
+      return BadValue(raw, "nnodes",
+                      "MIN exceeds MAX; expected N or MIN:MAX with MIN <= MAX");
     }
     o.min_nodes = *lo;
     o.max_nodes = *hi;
   }
-  {
-    const auto& v = raw["nproc_per_node"];
-    const std::string t = absl::AsciiStrToLower(v.text);
-    if (t == "gpu") {
-      if (host_facts.gpu_count == 0) {
-        return Bad(spec("nproc_per_node"), v,
-                   absl::StrCat("no GPU is visible (", host_facts.gpu_source,
-                                "); use a count, cpu or auto"));
-      }
-      o.local_world_size = host_facts.gpu_count;
-    } else if (t == "cpu") {
-      o.local_world_size = host_facts.cpu_count;
-    } else if (t == "auto") {
-      o.local_world_size = host_facts.gpu_count > 0 ? host_facts.gpu_count
-                                                    : host_facts.cpu_count;
-    } else {
-      auto n = ToInt(t);
-      if (!n || *n < 1 || *n > 65536) {
-        return Bad(spec("nproc_per_node"), v,
-                   "expected a count in 1..65536, gpu, cpu or auto");
-      }
-      o.local_world_size = *n;
+  const std::string t = absl::AsciiStrToLower(raw.at("nproc_per_node").text);
+  if (t == "gpu") {
+    if (host.gpu_count == 0) {
+      return BadValue(raw, "nproc_per_node",
+                      absl::StrCat("no GPU is visible (", host.gpu_source,
+                                   "); use a count, cpu or auto"));
     }
+    o.local_world_size = host.gpu_count;
+  } else if (t == "cpu") {
+    o.local_world_size = host.cpu_count;
+  } else if (t == "auto") {
+    o.local_world_size = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+  } else {
+    auto n = ToInt(t);
+    if (!n || *n < 1 || *n > 65536) {
+      return BadValue(raw, "nproc_per_node",
+                      "expected a count in 1..65536, gpu, cpu or auto");
+    }
+    o.local_world_size = *n;
   }
+  return absl::OkStatus();
+}
 
-  // Rendezvous.
-  CTRUN_RETURN_IF_ERROR(boolean("standalone", &o.standalone));
-  {
-    const auto& v = raw["rdzv_backend"];
-    const std::string b = absl::AsciiStrToLower(v.text);
-    if (b != "static" && b != "c10d" && b != "ctrun") {
-      return Bad(spec("rdzv_backend"), v,
-                 "expected static, c10d or ctrun (etcd is not supported: "
-                 "serve the rendezvous with ctrund or an agent)");
+// --rdzv_conf: KEY=VALUE items, the timeouts among them, is_host, the token
+// file and the TLS files.
+absl::Status ConvertRdzvConf(const Raw& raw, LaunchOptions& o) {
+  const auto& v = raw.at("rdzv_conf");
+  auto bad = [&raw](absl::string_view why) {
+    return BadValue(raw, "rdzv_conf", why);
+  };
+  for (absl::string_view item :
+       absl::StrSplit(v.text, ',', absl::SkipWhitespace())) {
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      return bad(absl::StrCat("'", item, "' is not KEY=VALUE"));
     }
-    o.rdzv_backend = b == "ctrun" ? "c10d" : b;
-  }
-  {
-    const auto& v = raw["rdzv_endpoint"];
-    if (!v.text.empty()) {
-      auto ep = ParseEndpoint(v.text, 29400);
-      if (!ep.ok()) {
-        return Bad(spec("rdzv_endpoint"), v, ep.status().message());
-      }
-      o.rdzv_endpoint = ep->ToString();
+    std::string key(absl::StripAsciiWhitespace(item.substr(0, eq)));
+    std::string value(absl::StripAsciiWhitespace(item.substr(eq + 1)));
+    if (!RdzvConfKeys().contains(key)) {
+      return bad(absl::StrCat("unknown key '", key, "'; known keys: ",
+                              absl::StrJoin(RdzvConfKeys(), ", ")));
     }
+    o.rdzv_conf[key] = value;
   }
-  {
-    const auto& v = raw["rdzv_id"];
-    if (auto s = CheckJobId(v.text); !s.ok()) {
-      return Bad(spec("rdzv_id"), v, s.message());
+  for (auto [key, out] :
+       {std::pair{"join_timeout", &o.join_timeout},
+        std::pair{"last_call_timeout", &o.last_call_timeout},
+        std::pair{"heartbeat_timeout", &o.heartbeat_timeout},
+        std::pair{"keep_alive_interval", &o.keep_alive_interval},
+        std::pair{"reconnect_timeout", &o.reconnect_timeout}}) {
+    auto it = o.rdzv_conf.find(key);
+    if (it == o.rdzv_conf.end()) continue;
+    auto d = ToSeconds(it->second);
+    if (!d || *d <= absl::ZeroDuration()) {
+      return bad(absl::StrCat(key, "=", it->second,
+                              " is not a number of seconds > 0"));
     }
-    // "none" (torchrun's default) is fine for one node, which gets a
-    // fresh id; nodes of one job must agree on it, so for several nodes it
-    // stays "none" unless the static master names the job.
-    o.run_id = v.text;
-    if (v.text == "none") {
-      const auto& nnodes = raw["nnodes"].text;
-      const bool one_node = nnodes == "1" || nnodes == "1:1";
-      if (one_node || raw["standalone"].text == "1") {
-        o.run_id = GenerateRunId();
-        raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
-      }
-    }
+    *out = *d;
   }
-  {
-    const auto& v = raw["rdzv_conf"];
-    for (absl::string_view item :
-         absl::StrSplit(v.text, ',', absl::SkipWhitespace())) {
-      const size_t eq = item.find('=');
-      if (eq == absl::string_view::npos || eq == 0) {
-        return Bad(spec("rdzv_conf"), v,
-                   absl::StrCat("'", item, "' is not KEY=VALUE"));
-      }
-      std::string key(absl::StripAsciiWhitespace(item.substr(0, eq)));
-      std::string value(absl::StripAsciiWhitespace(item.substr(eq + 1)));
-      if (!RdzvConfKeys().contains(key)) {
-        return Bad(spec("rdzv_conf"), v,
-                   absl::StrCat("unknown key '", key, "'; known keys: ",
-                                absl::StrJoin(RdzvConfKeys(), ", ")));
-      }
-      o.rdzv_conf[key] = value;
-    }
-    struct TimeKey {
-      const char* key;
-      absl::Duration* out;
-    };
-    for (const TimeKey& t :
-         {TimeKey{"join_timeout", &o.join_timeout},
-          TimeKey{"last_call_timeout", &o.last_call_timeout},
-          TimeKey{"heartbeat_timeout", &o.heartbeat_timeout},
-          TimeKey{"keep_alive_interval", &o.keep_alive_interval},
-          TimeKey{"reconnect_timeout", &o.reconnect_timeout}}) {
-      auto it = o.rdzv_conf.find(t.key);
-      if (it == o.rdzv_conf.end()) continue;
-      auto d = ToSeconds(it->second);
-      if (!d || *d <= absl::ZeroDuration()) {
-        return Bad(spec("rdzv_conf"), v,
-                   absl::StrCat(t.key, "=", it->second,
-                                " is not a number of seconds > 0"));
-      }
-      *t.out = *d;
-    }
-    if (o.keep_alive_interval * 2 > o.heartbeat_timeout) {
-      return Bad(spec("rdzv_conf"), v,
-                 "keep_alive_interval must be at most half of "
-                 "heartbeat_timeout");
-    }
-  }
-  CTRUN_RETURN_IF_ERROR(integer("node_rank", 0, 65535, &o.node_rank));
-  o.master_addr = raw["master_addr"].text;
-  if (o.master_addr.empty()) {
-    return Bad(spec("master_addr"), raw["master_addr"], "must not be empty");
-  }
-  if (auto s = ValidateHost(o.master_addr); !s.ok()) {
-    return Bad(spec("master_addr"), raw["master_addr"], s.message());
-  }
-  if (!raw["master_port"].text.empty()) {
-    CTRUN_RETURN_IF_ERROR(integer("master_port", 1, 65535, &o.master_port));
-  }
-  o.local_addr = raw["local_addr"].text;
-  if (!o.local_addr.empty()) {  // torchrun takes an empty one as none
-    if (auto s = ValidateHost(o.local_addr); !s.ok()) {
-      return Bad(spec("local_addr"), raw["local_addr"], s.message());
-    }
-  }
-
-  // Job and workers.
-  CTRUN_RETURN_IF_ERROR(integer("max_restarts", 0, 1'000'000, &o.max_restarts));
-  {
-    absl::Duration unused;
-    CTRUN_RETURN_IF_ERROR(seconds("monitor_interval", &unused));
-    const auto& v = raw["start_method"];
-    if (v.text != "spawn" && v.text != "fork" && v.text != "forkserver") {
-      return Bad(spec("start_method"), v, "expected spawn, fork or forkserver");
-    }
-  }
-  o.role = raw["role"].text;
-  if (o.role.empty())
-    return Bad(spec("role"), raw["role"], "must not be empty");
-  CTRUN_RETURN_IF_ERROR(boolean("module", &o.module));
-  CTRUN_RETURN_IF_ERROR(boolean("no_python", &o.no_python));
-  {
-    bool run_path = false;
-    CTRUN_RETURN_IF_ERROR(boolean("run_path", &run_path));
-  }
-  if (o.module && o.no_python) {
-    return absl::InvalidArgumentError(
-        "-m/--module and --no_python cannot be combined: a module needs "
-        "Python");
-  }
-  {
-    const auto& v = raw["signals_to_handle"];
-    for (absl::string_view name :
-         absl::StrSplit(v.text, ',', absl::SkipWhitespace())) {
-      const int sig = SignalNumber(absl::StripAsciiWhitespace(name));
-      if (sig == 0) {
-        return Bad(spec("signals_to_handle"), v,
-                   absl::StrCat("unknown signal '", name,
-                                "'; expected names like SIGTERM,SIGINT"));
-      }
-      o.signals_to_handle.push_back(sig);
-    }
-  }
-  CTRUN_RETURN_IF_ERROR(seconds("shutdown_timeout", &o.shutdown_timeout));
-
-  // Output.
-  o.log_dir = raw["log_dir"].text;
-  for (const char* name : {"redirects", "tee"}) {
-    auto sel = ParseStreamSelection(raw[name].text);
-    if (!sel.ok()) return Bad(spec(name), raw[name], sel.status().message());
-    (std::string(name) == "tee" ? o.tee : o.redirects) = *sel;
-  }
-  {
-    const auto& v = raw["local_ranks_filter"];
-    if (!v.text.empty()) {
-      std::vector<int> ranks;
-      for (absl::string_view r :
-           absl::StrSplit(v.text, ',', absl::SkipWhitespace())) {
-        auto n = ToInt(absl::StripAsciiWhitespace(r));
-        if (!n || *n < 0 || *n >= o.local_world_size) {
-          return Bad(spec("local_ranks_filter"), v,
-                     absl::StrCat("expected local ranks in 0..",
-                                  o.local_world_size - 1, ", comma-separated"));
-        }
-        ranks.push_back(*n);
-      }
-      o.local_ranks_filter = ranks;
-    }
-  }
-  o.log_line_prefix_template = raw["log_line_prefix_template"].text;
-  CTRUN_RETURN_IF_ERROR(boolean("dry_run", &o.dry_run));
-#undef CTRUN_RETURN_IF_ERROR
-
-  // Across flags.
-  if (o.standalone) {
-    if (o.max_nodes > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--standalone runs one node, but --nnodes=", raw["nnodes"].text,
-          " asks for more; give --rdzv_endpoint=HOST:PORT for a multi-node "
-          "job"));
-    }
-    o.rdzv_backend = "c10d";
-    o.rdzv_endpoint.clear();
+  if (o.keep_alive_interval * 2 > o.heartbeat_timeout) {
+    return bad("keep_alive_interval must be at most half of heartbeat_timeout");
   }
   if (auto it = o.rdzv_conf.find("is_host"); it != o.rdzv_conf.end()) {
     auto b = ToBool(it->second);
-    if (!b) {
-      return Bad(spec("rdzv_conf"), raw["rdzv_conf"],
-                 absl::StrCat("is_host=", it->second, " is not 0 or 1"));
-    }
+    if (!b) return bad(absl::StrCat("is_host=", it->second, " is not 0 or 1"));
     o.is_host = *b;
   }
   for (auto [key, out] :
@@ -660,78 +526,197 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     }
   }
   if (o.tls_cert.empty() != o.tls_key.empty()) {
-    return Bad(spec("rdzv_conf"), raw["rdzv_conf"],
-               "tls_cert and tls_key go together");
+    return bad("tls_cert and tls_key go together");
   }
-  if (slurm_rendezvous && !o.is_host) {
-    // Slurm's own node identity decides, not IP matching (nodes may share
-    // an address, or have several).
-    o.is_host = (*slurm)->node_id == 0;
+  return absl::OkStatus();
+}
+
+// The rendezvous flags, each on its own.
+absl::Status ConvertRendezvous(Raw& raw, LaunchOptions& o) {
+  CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "standalone", &o.standalone));
+  const std::string backend = absl::AsciiStrToLower(raw["rdzv_backend"].text);
+  if (backend != "static" && backend != "c10d" && backend != "ctrun") {
+    return BadValue(raw, "rdzv_backend",
+                    "expected static, c10d or ctrun (etcd is not supported: "
+                    "serve the rendezvous with ctrund or an agent)");
   }
-  const auto env_token = env.find(env::kRendezvousToken);
-  if (slurm_rendezvous && o.token_file.empty() &&
-      (env_token == env.end() || env_token->second.empty())) {
-    // Slurm's own authentication: nothing for the user to set up, no
-    // secret to hand around.
-    o.munge_auth = true;
+  o.rdzv_backend = backend == "ctrun" ? "c10d" : backend;
+  if (const auto& v = raw["rdzv_endpoint"]; !v.text.empty()) {
+    auto ep = ParseEndpoint(v.text, 29400);
+    if (!ep.ok()) return BadValue(raw, "rdzv_endpoint", ep.status().message());
+    o.rdzv_endpoint = ep->ToString();
+  }
+  const auto& id = raw["rdzv_id"];
+  if (auto s = CheckJobId(id.text); !s.ok()) {
+    return BadValue(raw, "rdzv_id", s.message());
+  }
+  // "none" (torchrun's default) is fine for one node, which gets a fresh
+  // id; nodes of one job must agree on it, so for several nodes it stays
+  // "none" unless the static master names the job.
+  o.run_id = id.text;
+  if (id.text == "none") {
+    const auto& nnodes = raw["nnodes"].text;
+    if (nnodes == "1" || nnodes == "1:1" || raw["standalone"].text == "1") {
+      o.run_id = GenerateRunId();
+      raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
+    }
+  }
+  CTRUN_RETURN_IF_ERROR(ConvertRdzvConf(raw, o));
+  CTRUN_RETURN_IF_ERROR(ConvertInt(raw, "node_rank", 0, 65535, &o.node_rank));
+  o.master_addr = raw["master_addr"].text;
+  if (o.master_addr.empty()) {
+    return BadValue(raw, "master_addr", "must not be empty");
+  }
+  if (auto s = ValidateHost(o.master_addr); !s.ok()) {
+    return BadValue(raw, "master_addr", s.message());
+  }
+  if (!raw["master_port"].text.empty()) {
+    CTRUN_RETURN_IF_ERROR(
+        ConvertInt(raw, "master_port", 1, 65535, &o.master_port));
+  }
+  o.local_addr = raw["local_addr"].text;
+  if (!o.local_addr.empty()) {  // torchrun takes an empty one as none
+    if (auto s = ValidateHost(o.local_addr); !s.ok()) {
+      return BadValue(raw, "local_addr", s.message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The job's and the workers' flags.
+absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
+  CTRUN_RETURN_IF_ERROR(
+      ConvertInt(raw, "max_restarts", 0, 1'000'000, &o.max_restarts));
+  absl::Duration unused_interval;
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "monitor_interval", &unused_interval));
+  const std::string& method = raw.at("start_method").text;
+  if (method != "spawn" && method != "fork" && method != "forkserver") {
+    return BadValue(raw, "start_method", "expected spawn, fork or forkserver");
+  }
+  o.role = raw.at("role").text;
+  if (o.role.empty()) return BadValue(raw, "role", "must not be empty");
+  CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "module", &o.module));
+  CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "no_python", &o.no_python));
+  bool unused_run_path = false;
+  CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "run_path", &unused_run_path));
+  if (o.module && o.no_python) {
+    return absl::InvalidArgumentError(
+        "-m/--module and --no_python cannot be combined: a module needs "
+        "Python");
+  }
+  const auto& signals = raw.at("signals_to_handle").text;
+  for (absl::string_view name :
+       absl::StrSplit(signals, ',', absl::SkipWhitespace())) {
+    const int sig = SignalNumber(absl::StripAsciiWhitespace(name));
+    if (sig == 0) {
+      return BadValue(raw, "signals_to_handle",
+                      absl::StrCat("unknown signal '", name,
+                                   "'; expected names like SIGTERM,SIGINT"));
+    }
+    o.signals_to_handle.push_back(sig);
+  }
+  return ConvertSeconds(raw, "shutdown_timeout", &o.shutdown_timeout);
+}
+
+// Logs, redirects, tee, the rank filter and the line prefix.
+absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
+  o.log_dir = raw.at("log_dir").text;
+  for (const char* name : {"redirects", "tee"}) {
+    auto sel = ParseStreamSelection(raw.at(name).text);
+    if (!sel.ok()) return BadValue(raw, name, sel.status().message());
+    (std::string(name) == "tee" ? o.tee : o.redirects) = *sel;
+  }
+  if (const auto& filter = raw.at("local_ranks_filter").text; !filter.empty()) {
+    std::vector<int> ranks;
+    for (absl::string_view r :
+         absl::StrSplit(filter, ',', absl::SkipWhitespace())) {
+      auto n = ToInt(absl::StripAsciiWhitespace(r));
+      if (!n || *n < 0 || *n >= o.local_world_size) {
+        return BadValue(
+            raw, "local_ranks_filter",
+            absl::StrCat("expected local ranks in 0..", o.local_world_size - 1,
+                         ", comma-separated"));
+      }
+      ranks.push_back(*n);
+    }
+    o.local_ranks_filter = ranks;
+  }
+  o.log_line_prefix_template = raw.at("log_line_prefix_template").text;
+  return ConvertBool(raw, "dry_run", &o.dry_run);
+}
+
+// What the flags mean together for the rendezvous: standalone, a static
+// rendezvous's endpoint and job id, Slurm's node identity and munge. Whether
+// this node hosts it, and how it authenticates, PlanRendezvous decides.
+absl::Status ResolveRendezvous(const SlurmContext& slurm, const EnvMap& env,
+                               Raw& raw, LaunchOptions& o) {
+  if (o.standalone) {
+    if (o.max_nodes > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--standalone runs one node, but --nnodes=", raw["nnodes"].text,
+          " asks for more; give --rdzv_endpoint=HOST:PORT for a multi-node "
+          "job"));
+    }
+    o.rdzv_backend = "c10d";
+    o.rdzv_endpoint.clear();
+  }
+  if (slurm.facts && slurm.facts->in_step()) {
+    o.parent_signals_workers = SlurmSignalsWholeStep(env);
+  }
+  if (slurm.rendezvous) {
+    o.slurm_node_id = slurm.facts->node_id;
     o.munge_socket = MungeSocketFor(env);
   }
-  o.parent_signals_workers = parent_signals_workers;
-  const bool static_multi_node = o.rdzv_backend == "static" && o.max_nodes > 1;
-  if (static_multi_node) {
+  if (o.rdzv_backend == "static" && o.max_nodes > 1) {
     // Every node knows the master from its flags; node 0 hosts the
     // rendezvous one port above MASTER_PORT, which stays the workers'.
     if (o.min_nodes != o.max_nodes) {
-      return Bad(spec("nnodes"), raw["nnodes"],
-                 "a static rendezvous needs a fixed node count; use "
-                 "--rdzv_backend=c10d for MIN:MAX");
+      return BadValue(raw, "nnodes",
+                      "a static rendezvous needs a fixed node count; use "
+                      "--rdzv_backend=c10d for MIN:MAX");
     }
     if (o.master_port == 0) o.master_port = 29500;  // torchrun's default
     if (o.master_port == 65535) {
-      return Bad(spec("master_port"), raw["master_port"],
-                 "a static rendezvous uses MASTER_PORT+1; use a lower port");
+      return BadValue(raw, "master_port",
+                      "a static rendezvous uses MASTER_PORT+1; use a lower "
+                      "port");
     }
     if (o.rdzv_endpoint.empty()) {
       auto ep = ParseEndpoint(o.master_addr, o.master_port + 1);
-      if (!ep.ok()) {
-        return Bad(spec("master_addr"), raw["master_addr"],
-                   ep.status().message());
-      }
+      if (!ep.ok()) return BadValue(raw, "master_addr", ep.status().message());
       ep->port = o.master_port + 1;
       o.rdzv_endpoint = ep->ToString();
     }
-    if (!o.is_host) o.is_host = o.node_rank == 0;
     if (o.run_id == "none") {
       o.run_id = absl::StrCat("static-", o.rdzv_endpoint);
       raw["rdzv_id"] = RawValue{o.run_id, Source::kDerived};
     }
-  } else {
-    // torchrun's c10d ignores --node_rank; ranks come from the rendezvous,
-    // which orders nodes by the hint that Slurm's node id gives.
-    if (raw["node_rank"].source != Source::kSlurm) o.node_rank = -1;
-    if (o.max_nodes > 1 && o.rdzv_endpoint.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--nnodes=", raw["nnodes"].text,
-          " needs --rdzv_endpoint=HOST:PORT (a ctrund, or the node that "
-          "hosts the rendezvous)"));
-    }
-    if (o.max_nodes == 1 && raw["master_addr"].source != Source::kDefault &&
-        o.local_addr.empty()) {
-      // A single node is its own master: MASTER_ADDR is the address given.
-      o.local_addr = o.master_addr;
-      raw["local_addr"] = RawValue{o.local_addr, Source::kDerived};
-    }
+    return absl::OkStatus();
   }
-  if (!split->has_entrypoint) {
-    return absl::InvalidArgumentError(
-        "missing the program to run: ctrun [FLAGS] ENTRYPOINT [ARGS...] "
-        "(see ctrun --help)");
+  // torchrun's c10d ignores --node_rank; ranks come from the rendezvous,
+  // which orders nodes by the hint that Slurm's node id gives.
+  if (raw["node_rank"].source != Source::kSlurm) o.node_rank = -1;
+  if (o.max_nodes > 1 && o.rdzv_endpoint.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes=", raw["nnodes"].text,
+        " needs --rdzv_endpoint=HOST:PORT (a ctrund, or the node that "
+        "hosts the rendezvous)"));
   }
-  o.entrypoint = split->entrypoint;
-  o.script_args = split->script_args;
+  if (o.max_nodes == 1 && raw["master_addr"].source != Source::kDefault &&
+      o.local_addr.empty()) {
+    // A single node is its own master: MASTER_ADDR is the address given.
+    o.local_addr = o.master_addr;
+    raw["local_addr"] = RawValue{o.local_addr, Source::kDerived};
+  }
+  return absl::OkStatus();
+}
 
+// Every flag's final value and source for --dry_run, and a notice for each
+// flag given that has no effect in ctrun.
+void RecordSources(const Raw& raw, LaunchOptions& o) {
   for (const auto& f : Flags()) {
-    const RawValue& v = raw[f.name];
+    const RawValue& v = raw.at(f.name);
     std::string note;
     if (f.no_effect != nullptr && v.source != Source::kDefault) {
       note = f.no_effect;
@@ -739,13 +724,46 @@ absl::StatusOr<CommandLine> ParseCommandLine(
     }
     o.settings.push_back({f.name, v.text, v.source, note});
   }
-  if (raw["master_port"].text.empty()) {
+  if (raw.at("master_port").text.empty()) {
     o.settings.push_back({"master_port (resolved)",
                           "a free port on group rank 0's node",
                           Source::kDerived, ""});
   }
+}
+
+}  // namespace
+
+absl::StatusOr<CommandLine> ParseCommandLine(
+    const std::vector<std::string>& args, const EnvMap& env,
+    const HostFacts& host) {
+  auto split = SplitArgs(args);
+  if (!split.ok()) return split.status();
+  CommandLine result;
+  if (split->help || split->version) {
+    result.action = split->help ? CommandLine::Action::kHelp
+                                : CommandLine::Action::kVersion;
+    return result;
+  }
+  Raw raw = LayerSources(*split, env);
+  auto slurm = ApplySlurmDefaults(args, env, host, raw);
+  if (!slurm.ok()) return slurm.status();
+  LaunchOptions& o = result.options;
+  CTRUN_RETURN_IF_ERROR(ConvertNodes(raw, slurm->host, o));
+  CTRUN_RETURN_IF_ERROR(ConvertRendezvous(raw, o));
+  CTRUN_RETURN_IF_ERROR(ConvertWorkers(raw, o));
+  CTRUN_RETURN_IF_ERROR(ConvertOutput(raw, o));
+  CTRUN_RETURN_IF_ERROR(ResolveRendezvous(*slurm, env, raw, o));
+  if (!split->has_entrypoint) {
+    return absl::InvalidArgumentError(
+        "missing the program to run: ctrun [FLAGS] ENTRYPOINT [ARGS...] "
+        "(see ctrun --help)");
+  }
+  o.entrypoint = split->entrypoint;
+  o.script_args = split->script_args;
+  RecordSources(raw, o);
   return result;
 }
+#undef CTRUN_RETURN_IF_ERROR
 
 std::string HelpText() {
   std::string out = absl::StrCat(

@@ -69,9 +69,9 @@ void PrepareProcess(const sigset_t& signals) {
   RouteGrpcLogsToSpdlog();
 }
 
-// How this node proves itself to the rendezvous: a token (from the token
-// file, the environment, or made up for a rendezvous nobody else reaches),
-// or munge credentials inside Slurm.
+// What this node proves itself to the rendezvous with, as the plan decided:
+// a token (read from its file or the environment, or made up for a
+// rendezvous nobody else reaches), or munge credentials inside Slurm.
 struct Credentials {
   std::string token;
   std::optional<MungeAuth> munge;
@@ -80,34 +80,42 @@ struct Credentials {
 absl::StatusOr<Credentials> ResolveCredentials(const LaunchOptions& options,
                                                const EnvMap& env,
                                                const RendezvousPlan& plan) {
+  using Auth = RendezvousPlan::Auth;
   Credentials c;
-  if (!options.token_file.empty()) {
-    auto read = ReadTokenFile(options.token_file);
-    if (!read.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--rdzv_conf token_file: ", read.status().message()));
+  switch (plan.auth) {
+    case Auth::kNone:
+      break;
+    case Auth::kTokenFile: {
+      auto read = ReadTokenFile(options.token_file);
+      if (!read.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_conf token_file: ", read.status().message()));
+      }
+      c.token = *read;
+      break;
     }
-    c.token = *read;
-  } else if (auto it = env.find(env::kRendezvousToken);
-             it != env.end() && !it->second.empty()) {
-    c.token = it->second;
-  } else if (plan.host && plan.endpoint.port == 0) {
-    c.token = GenerateToken();  // nobody else needs to know it
-  }
-  if (options.munge_auth) {
-    c.munge = MungeAuth{options.munge_socket, options.run_id};
-    // Checked before anything starts, so that a node without munge says so
-    // at once rather than as a refusal from the rendezvous.
-    if (auto probe =
-            MungeEncode(c.munge->socket, MungePayload(c.munge->job_id));
-        !probe.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the Slurm rendezvous authenticates with munge, which fails here: ",
-          probe.status().message(),
-          "; or give every node the same token (--rdzv_conf token_file=FILE "
-          "or ",
-          env::kRendezvousToken, ")"));
-    }
+    case Auth::kTokenEnv:
+      c.token = env.at(env::kRendezvousToken);
+      break;
+    case Auth::kFreshToken:
+      c.token = GenerateToken();
+      break;
+    case Auth::kMunge:
+      c.munge = MungeAuth{options.munge_socket, options.run_id};
+      // Checked before anything starts, so that a node without munge says
+      // so at once rather than as a refusal from the rendezvous.
+      if (auto probe =
+              MungeEncode(c.munge->socket, MungePayload(c.munge->job_id));
+          !probe.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the Slurm rendezvous authenticates with munge, which fails "
+            "here: ",
+            probe.status().message(),
+            "; or give every node the same token (--rdzv_conf "
+            "token_file=FILE or ",
+            env::kRendezvousToken, ")"));
+      }
+      break;
   }
   return c;
 }
@@ -208,10 +216,56 @@ std::string ContainmentMark() {
   return absl::StrCat(getpid(), ".", absl::Hex(rd()), absl::Hex(rd()));
 }
 
-// DESIGN.md's flow of one job: plan the rendezvous, authenticate, host or
-// reach it, then the agent runs the job to its end.
-int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
-           EnvMap env) {
+// The rendezvous as this agent reaches it: served here when the plan says
+// so (unless another agent here serves the inferred endpoint already), and
+// the connection every agent uses, the hosting one included.
+struct Rendezvous {
+  std::unique_ptr<RendezvousServer> server;
+  std::string endpoint;
+  Connection connection;
+};
+
+absl::StatusOr<Rendezvous> ReachRendezvous(const LaunchOptions& options,
+                                           const RendezvousPlan& plan,
+                                           const Credentials& credentials) {
+  std::unique_ptr<RendezvousServer> server;
+  if (plan.host) {
+    auto hosted = HostRendezvous(options, plan, credentials);
+    if (!hosted.ok()) return hosted.status();
+    server = std::move(*hosted);
+  }
+  if (!server) {
+    // A hosting agent started at the same moment listens within
+    // milliseconds; gRPC would retry a refused connection only after 100.
+    // Beyond a second the session's own wait takes over.
+    WaitUntilListening(plan.endpoint, absl::Seconds(1));
+  }
+  const std::string endpoint =
+      server ? server->endpoint().ToString() : plan.endpoint.ToString();
+  ConnectionOptions connection_options;
+  connection_options.endpoint = endpoint;
+  connection_options.token = credentials.token;
+  connection_options.munge = credentials.munge;
+  connection_options.tls_ca_file = options.tls_ca;
+  auto connection = Connection::Open(connection_options);
+  if (!connection.ok()) return connection.status();
+  return Rendezvous{std::move(server), endpoint, std::move(*connection)};
+}
+
+// Runs the agent with the console on threads of its own; returns its exit
+// code and whether a signal stopped it.
+std::pair<int, bool> RunAgent(AgentConfig config) {
+  Console out(STDOUT_FILENO), err(STDERR_FILENO);
+  Agent agent(std::move(config), &out, &err);
+  const int code = agent.Run();
+  return {code, agent.stopped_by_signal()};
+}
+
+// DESIGN.md's flow of one job, after the command line and the plan:
+// contain, authenticate, host or reach the rendezvous, then the agent runs
+// the job to its end; a hosting agent serves the others until they leave.
+int Launch(LaunchOptions options, const RendezvousPlan& plan,
+           std::vector<std::string> worker_argv, EnvMap env) {
   for (const auto& notice : options.notices) {
     std::cerr << "ctrun: note: " << notice << "\n";
   }
@@ -220,36 +274,14 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
   const std::string mark = ContainmentMark();
   auto watchdog = Watchdog::Start(mark);
   if (!watchdog.ok()) return Fail(std::string(watchdog.status().message()), 1);
-
-  auto plan = PlanRendezvous(options, Hostname());
-  if (!plan.ok())
-    return Fail(std::string(plan.status().message()), kUsageError);
-  auto credentials = ResolveCredentials(options, env, *plan);
+  auto credentials = ResolveCredentials(options, env, plan);
   if (!credentials.ok()) {
     return Fail(std::string(credentials.status().message()), kUsageError);
   }
-  std::unique_ptr<RendezvousServer> server;
-  if (plan->host) {
-    auto hosted = HostRendezvous(options, *plan, *credentials);
-    if (!hosted.ok()) return Fail(std::string(hosted.status().message()), 1);
-    server = std::move(*hosted);
-  }
-  const std::string endpoint =
-      server ? server->endpoint().ToString() : plan->endpoint.ToString();
-  if (!server) {
-    // A hosting agent started at the same moment listens within
-    // milliseconds; gRPC would retry a refused connection only after 100.
-    // Beyond a second the session's own wait takes over.
-    WaitUntilListening(plan->endpoint, absl::Seconds(1));
-  }
-  ConnectionOptions connection_options;
-  connection_options.endpoint = endpoint;
-  connection_options.token = credentials->token;
-  connection_options.munge = credentials->munge;
-  connection_options.tls_ca_file = options.tls_ca;
-  auto connection = Connection::Open(connection_options);
-  if (!connection.ok()) {
-    return Fail(std::string(connection.status().message()), kUsageError);
+  auto rendezvous = ReachRendezvous(options, plan, *credentials);
+  if (!rendezvous.ok()) {
+    return Fail(std::string(rendezvous.status().message()),
+                absl::IsInvalidArgument(rendezvous.status()) ? kUsageError : 1);
   }
   auto run_dir = MakeRunDirectory(options);
   if (!run_dir.ok()) {
@@ -260,29 +292,22 @@ int Launch(LaunchOptions options, std::vector<std::string> worker_argv,
 
   AgentConfig config;
   WorkerGroupConfig& w = config.workers;
-  w.store =
-      StoreAccess{endpoint, WorkerToken(credentials->token, options.run_id),
-                  credentials->munge, options.tls_ca};
+  w.store = StoreAccess{rendezvous->endpoint,
+                        WorkerToken(credentials->token, options.run_id),
+                        credentials->munge, options.tls_ca};
   w.options = std::move(options);
   w.worker_argv = std::move(worker_argv);
   w.env = std::move(env);
   w.env[env::kContainmentMark] = mark;
   w.hostname = Hostname();
-  w.address = plan->address;
+  w.address = plan.address;
   w.run_dir = *run_dir;
   w.watchdog = &*watchdog;
-  config.connection = *connection;
-  int code;
-  bool signalled;
-  {
-    Console out(STDOUT_FILENO), err(STDERR_FILENO);
-    Agent agent(std::move(config), &out, &err);
-    code = agent.Run();
-    signalled = agent.stopped_by_signal();
-  }
-  if (server) {
-    if (!signalled) ServeUntilIdle(*server, signals);
-    server->Shutdown();
+  config.connection = rendezvous->connection;
+  const auto [code, signalled] = RunAgent(std::move(config));
+  if (rendezvous->server) {
+    if (!signalled) ServeUntilIdle(*rendezvous->server, signals);
+    rendezvous->server->Shutdown();
   }
   if (temporary) RemoveRunDirectory(*run_dir);
   return code;
@@ -317,9 +342,15 @@ int main(int argc, char** argv) {
   if (!worker_argv.ok()) {
     return Fail(std::string(worker_argv.status().message()), kUsageError);
   }
+  auto plan = PlanRendezvous(options, Hostname(), env);
+  if (!plan.ok()) {
+    return Fail(std::string(plan.status().message()), kUsageError);
+  }
   if (options.dry_run) {
-    std::cout << FormatLaunchPlan(options, *worker_argv);
+    std::cout << FormatLaunchPlan(options, *worker_argv)
+              << FormatRendezvousPlan(options, *plan);
     return 0;
   }
-  return Launch(std::move(options), std::move(*worker_argv), std::move(env));
+  return Launch(std::move(options), *plan, std::move(*worker_argv),
+                std::move(env));
 }

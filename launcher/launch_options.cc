@@ -62,12 +62,6 @@ std::string FormatLaunchPlan(const LaunchOptions& options,
                           SourceName(s.source),
                           s.note.empty() ? "" : absl::StrCat("; ", s.note));
   }
-  if (options.munge_auth) {
-    absl::StrAppend(
-        &out, "  rendezvous authentication: munge (",
-        options.munge_socket.empty() ? "default socket" : options.munge_socket,
-        ")\n");
-  }
   absl::StrAppend(&out, "  workers: ", options.local_world_size, " x ",
                   absl::StrJoin(worker_argv, " "), "\n");
   return out;

@@ -46,12 +46,13 @@ struct LaunchOptions {
   bool standalone = false;
   int node_rank = -1;  // -1: no hint (only a static rendezvous uses it)
   // --rdzv_conf is_host: host the rendezvous here (true), join one (false),
-  // or decide by whether the endpoint names this node (nullopt).
+  // or let PlanRendezvous decide (nullopt).
   std::optional<bool> is_host;
   std::string token_file;  // --rdzv_conf token_file
-  // Under Slurm without a token: agents and workers authenticate with munge
-  // credentials through this socket (empty: munge's default).
-  bool munge_auth = false;
+  // In a rendezvous made up from Slurm's variables: this node's SLURM_NODEID
+  // (node 0 hosts), and the socket of the munged that authenticates agents
+  // and workers when no token is given (empty: munge's default).
+  std::optional<int> slurm_node_id;
   std::string munge_socket;
   // In a Slurm step whose signals reach every process: a signal from the
   // parent (slurmstepd) has reached the workers already, so it is not

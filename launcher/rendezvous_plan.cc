@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ctrun/environment.h"
 
 namespace ctrun {
 namespace {
@@ -99,30 +102,70 @@ absl::Status CheckLocalAddress(const LaunchOptions& o) {
       flag, " out"));
 }
 
+// Whether this node hosts the rendezvous at `ep`, and why.
+std::pair<bool, std::string> DecideHost(const LaunchOptions& o,
+                                        const Endpoint& ep,
+                                        const std::string& hostname,
+                                        bool* inferred) {
+  *inferred = false;
+  if (o.is_host) {
+    return {*o.is_host, absl::StrCat("--rdzv_conf is_host=", *o.is_host)};
+  }
+  if (o.rdzv_backend == "static") {
+    return {o.node_rank == 0,
+            absl::StrCat("node rank ", o.node_rank, " of a static rendezvous")};
+  }
+  if (o.slurm_node_id) {
+    return {*o.slurm_node_id == 0,
+            absl::StrCat("Slurm node id ", *o.slurm_node_id)};
+  }
+  *inferred = true;
+  if (!o.local_addr.empty()) {
+    const bool here = ep.host == o.local_addr;
+    return {here, absl::StrCat("the endpoint ", here ? "is" : "is not",
+                               " this node's --local_addr ", o.local_addr)};
+  }
+  const bool here = IsLoopbackHost(ep.host) || ep.host == hostname ||
+                    IsInterfaceAddress(ep.host);
+  return {here, absl::StrCat("the endpoint ",
+                             here ? "names this node" : "names another node")};
+}
+
+RendezvousPlan::Auth DecideAuth(const LaunchOptions& o,
+                                const std::map<std::string, std::string>& env,
+                                const RendezvousPlan& plan) {
+  using Auth = RendezvousPlan::Auth;
+  if (!o.token_file.empty()) return Auth::kTokenFile;
+  if (auto it = env.find(env::kRendezvousToken);
+      it != env.end() && !it->second.empty()) {
+    return Auth::kTokenEnv;
+  }
+  if (o.slurm_node_id) return Auth::kMunge;
+  if (plan.host && plan.endpoint.port == 0) return Auth::kFreshToken;
+  return Auth::kNone;
+}
+
 }  // namespace
 
-absl::StatusOr<RendezvousPlan> PlanRendezvous(const LaunchOptions& o,
-                                              const std::string& hostname) {
+absl::StatusOr<RendezvousPlan> PlanRendezvous(
+    const LaunchOptions& o, const std::string& hostname,
+    const std::map<std::string, std::string>& env) {
   if (auto s = CheckLocalAddress(o); !s.ok()) return s;
   RendezvousPlan plan;
+  plan.tls = !o.tls_ca.empty();
   if (o.standalone || o.rdzv_endpoint.empty()) {
     plan.host = true;
+    plan.host_reason = "a single node";
     plan.endpoint = Endpoint{"127.0.0.1", 0};
     plan.address = o.local_addr.empty() ? "127.0.0.1" : o.local_addr;
+    plan.auth = DecideAuth(o, env, plan);
     return plan;
   }
   auto ep = ParseEndpoint(o.rdzv_endpoint, 29400);
   if (!ep.ok()) return ep.status();
   plan.endpoint = *ep;
-  if (o.is_host) {
-    plan.host = *o.is_host;
-  } else {
-    plan.inferred = true;
-    plan.host = o.local_addr.empty()
-                    ? IsLoopbackHost(ep->host) || ep->host == hostname ||
-                          IsInterfaceAddress(ep->host)
-                    : ep->host == o.local_addr;
-  }
+  std::tie(plan.host, plan.host_reason) =
+      DecideHost(o, *ep, hostname, &plan.inferred);
   if (!o.local_addr.empty()) {
     plan.address = o.local_addr;
   } else {
@@ -130,7 +173,53 @@ absl::StatusOr<RendezvousPlan> PlanRendezvous(const LaunchOptions& o,
     if (!source.ok()) return source.status();
     plan.address = *source;
   }
+  plan.auth = DecideAuth(o, env, plan);
   return plan;
+}
+
+std::string FormatRendezvousPlan(const LaunchOptions& o,
+                                 const RendezvousPlan& plan) {
+  using Auth = RendezvousPlan::Auth;
+  std::string out;
+  const std::string where = plan.endpoint.port == 0
+                                ? "on a free loopback port"
+                                : absl::StrCat("at ", plan.endpoint.ToString());
+  absl::StrAppend(
+      &out, "  rendezvous: ", plan.host ? "host it here " : "connect to it ",
+      where, " (", plan.host_reason, "); this node advertises ", plan.address,
+      "\n");
+  std::string auth;
+  switch (plan.auth) {
+    case Auth::kNone:
+      auth = "none (the rendezvous must accept clients without a token)";
+      break;
+    case Auth::kTokenFile:
+      auth = absl::StrCat("the token in ", o.token_file,
+                          " (--rdzv_conf token_file)");
+      break;
+    case Auth::kTokenEnv:
+      auth = absl::StrCat("the token in $", env::kRendezvousToken);
+      break;
+    case Auth::kFreshToken:
+      auth = "a token made up for this run";
+      break;
+    case Auth::kMunge:
+      auth = absl::StrCat(
+          "munge (", o.munge_socket.empty() ? "default socket" : o.munge_socket,
+          ")");
+      break;
+  }
+  const char* workers = plan.auth == Auth::kNone ? ""
+                        : plan.auth == Auth::kMunge
+                            ? ", for the workers too"
+                            : "; workers get a token for this job only";
+  absl::StrAppend(
+      &out, "  authentication: ", auth, workers,
+      plan.tls ? absl::StrCat("; TLS, verified with ", o.tls_ca) : "; no TLS",
+      plan.host && !o.tls_cert.empty() ? absl::StrCat(", serving ", o.tls_cert)
+                                       : "",
+      "\n");
+  return out;
 }
 
 }  // namespace ctrun

@@ -401,7 +401,35 @@ TEST_CASE("dry_run prints the plan with sources and starts nothing",
   CHECK(std::regex_search(out, std::regex("max_restarts +2 +PET_\\* env")));
   CHECK(std::regex_search(out, std::regex("role +default +default")));
   CHECK(out.find("workers: 3 x /bin/sh -c touch") != std::string::npos);
+  CHECK(out.find("rendezvous: host it here on a free loopback port (a "
+                 "single node)") != std::string::npos);
+  CHECK(out.find("authentication: a token made up for this run") !=
+        std::string::npos);
   CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE("dry_run of a multi-node job says whether this node hosts",
+          "[ctrun][integration]") {
+  auto plan = [](const std::string& local_addr) {
+    ChildProcess p(
+        {CtrunPath(), "--dry_run", "--nnodes=2", "--rdzv_backend=c10d",
+         "--rdzv_endpoint=127.0.0.2:29999", "--local_addr=" + local_addr,
+         "--rdzv_conf=token_file=/etc/ctrun.token", "/bin/true"},
+        {"CTRUN_RDZV_TOKEN="});
+    const std::string out = p.ReadAll(kWait);
+    CHECK(p.Wait(kWait) == 0);
+    return out;
+  };
+  const std::string host = plan("127.0.0.2");
+  CHECK(host.find("rendezvous: host it here at 127.0.0.2:29999 (the "
+                  "endpoint is this node's --local_addr 127.0.0.2); this node "
+                  "advertises 127.0.0.2") != std::string::npos);
+  CHECK(host.find("authentication: the token in /etc/ctrun.token "
+                  "(--rdzv_conf token_file); workers get a token for this "
+                  "job only; no TLS") != std::string::npos);
+  const std::string join = plan("127.0.0.3");
+  CHECK(join.find("rendezvous: connect to it at 127.0.0.2:29999") !=
+        std::string::npos);
 }
 
 TEST_CASE("tee and redirects keep per-rank logs and the filter picks ranks",

@@ -167,14 +167,27 @@ TEST_CASE("Multi-node launches need an endpoint or a static master",
   CHECK(node1->options.rdzv_endpoint == "10.0.0.5:4001");
   CHECK(node1->options.master_port == 4000);
   CHECK(node1->options.node_rank == 1);
-  CHECK(node1->options.is_host == false);
   CHECK(node1->options.run_id == "static-10.0.0.5:4001");
   auto node0 = Parse({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.5",
                       "--master_port=4000", "t"});
-  CHECK(node0->options.is_host == true);
+  // Node rank 0 of a static rendezvous hosts it, whatever the addresses.
+  auto hosts = [](LaunchOptions o) {
+    o.local_addr = "127.0.0.1";  // no route lookup
+    auto plan = PlanRendezvous(o, "node", {});
+    REQUIRE(plan.ok());
+    return std::pair{plan->host, plan->host_reason};
+  };
+  CHECK(hosts(node0->options) ==
+        std::pair{true, std::string("node rank 0 of a static rendezvous")});
+  CHECK(hosts(node1->options).first == false);
+  CHECK_FALSE(node0->options.is_host.has_value());
 
   auto elastic_static = Parse({"--nnodes=2:3", "--master_addr=h", "t"});
   CHECK(absl::IsInvalidArgument(elastic_static.status()));
+  auto forced = Parse({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.5",
+                       "--rdzv_conf=is_host=0", "t"});
+  CHECK(hosts(forced->options) ==
+        std::pair{false, std::string("--rdzv_conf is_host=0")});
   CHECK(Parse({"--rdzv_conf=is_host=maybe", "t"})
             .status()
             .message()
@@ -199,7 +212,7 @@ TEST_CASE("Addresses are checked before anything starts", "[launcher][unit]") {
   // trying to bind it sends nothing.
   auto given = Parse({"--local_addr=192.0.2.1", "t"});
   REQUIRE(given.ok());
-  auto plan = PlanRendezvous(given->options, "node");
+  auto plan = PlanRendezvous(given->options, "node", {});
   REQUIRE(absl::IsInvalidArgument(plan.status()));
   CHECK(plan.status().message() ==
         "--local_addr=192.0.2.1 is not an address of this machine (cannot "
@@ -207,13 +220,13 @@ TEST_CASE("Addresses are checked before anything starts", "[launcher][unit]") {
         "this node's addresses, or leave --local_addr out");
   auto derived = Parse({"--master_addr=192.0.2.1", "t"});
   REQUIRE(derived.ok());
-  CHECK(PlanRendezvous(derived->options, "node")
+  CHECK(PlanRendezvous(derived->options, "node", {})
             .status()
             .message()
             .find("--master_addr=192.0.2.1 is not an address of this "
                   "machine") != std::string::npos);
   auto local = Parse({"--local_addr=127.0.0.2", "t"});
-  auto local_plan = PlanRendezvous(local->options, "node");
+  auto local_plan = PlanRendezvous(local->options, "node", {});
   REQUIRE(local_plan.ok());
   CHECK(local_plan->address == "127.0.0.2");
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "launcher/command_line.h"
+#include "launcher/rendezvous_plan.h"
 
 namespace ctrun {
 namespace {
@@ -63,29 +64,48 @@ TEST_CASE("A step on two nodes needs no rendezvous flags", "[slurm][unit]") {
   CHECK(o.rdzv_backend == "c10d");
   CHECK(o.rdzv_endpoint == "n1:" + std::to_string(SlurmRendezvousPort("4242")));
   CHECK(o.run_id == "slurm-4242.0");
-  CHECK(o.is_host == true);
+  CHECK(o.slurm_node_id == 0);
   CHECK(o.node_rank == 0);  // group ranks in Slurm's node order
   auto second =
       ParseCommandLine({"--nproc_per_node=2", "t"}, TwoNodeStep(1), kCpuHost);
   REQUIRE(second.ok());
-  CHECK(second->options.is_host == false);
+  CHECK(second->options.slurm_node_id == 1);
   CHECK(second->options.node_rank == 1);
   CHECK(second->options.rdzv_endpoint == o.rdzv_endpoint);
-  const std::string plan = FormatLaunchPlan(o, {"t"});
-  CHECK(plan.find("Slurm") != std::string::npos);
-  // Authenticated by Slurm's munge unless the user brings a token.
-  CHECK(o.munge_auth);
-  CHECK(plan.find("rendezvous authentication: munge") != std::string::npos);
+  CHECK(FormatLaunchPlan(o, {"t"}).find("Slurm") != std::string::npos);
+
+  // Slurm's node id decides who hosts; Slurm's munge authenticates unless
+  // the user brings a token.
+  auto plan = [](LaunchOptions o, const EnvMap& env) {
+    o.local_addr = "127.0.0.1";  // no route lookup for "n1"
+    auto p = PlanRendezvous(o, "n1", env);
+    REQUIRE(p.ok());
+    return *p;
+  };
+  using Auth = RendezvousPlan::Auth;
+  const RendezvousPlan first_plan = plan(o, TwoNodeStep(0));
+  CHECK(first_plan.host);
+  CHECK(first_plan.host_reason == "Slurm node id 0");
+  CHECK_FALSE(first_plan.inferred);
+  CHECK(first_plan.auth == Auth::kMunge);
+  CHECK(FormatRendezvousPlan(o, first_plan).find("authentication: munge") !=
+        std::string::npos);
+  CHECK_FALSE(plan(second->options, TwoNodeStep(1)).host);
   EnvMap with_token = TwoNodeStep(1);
   with_token["CTRUN_RDZV_TOKEN"] = "secret";
   auto tokened =
       ParseCommandLine({"--nproc_per_node=2", "t"}, with_token, kCpuHost);
   REQUIRE(tokened.ok());
-  CHECK_FALSE(tokened->options.munge_auth);
+  CHECK(plan(tokened->options, with_token).auth == Auth::kTokenEnv);
   auto token_file = ParseCommandLine({"--rdzv_conf=token_file=/etc/tok", "t"},
                                      TwoNodeStep(1), kCpuHost);
   REQUIRE(token_file.ok());
-  CHECK_FALSE(token_file->options.munge_auth);
+  CHECK(plan(token_file->options, TwoNodeStep(1)).auth == Auth::kTokenFile);
+  // is_host still wins over Slurm's node id.
+  auto forced = ParseCommandLine({"--rdzv_conf=is_host=1", "t"}, TwoNodeStep(1),
+                                 kCpuHost);
+  REQUIRE(forced.ok());
+  CHECK(plan(forced->options, TwoNodeStep(1)).host);
 }
 
 TEST_CASE("The munge socket comes from the environment or slurm.conf",
@@ -136,6 +156,7 @@ TEST_CASE("Explicit rendezvous flags win over Slurm", "[slurm][unit]") {
   CHECK(c->options.rdzv_endpoint == "head:5000");
   CHECK(c->options.run_id == "mine");
   CHECK_FALSE(c->options.is_host.has_value());
+  CHECK_FALSE(c->options.slurm_node_id.has_value());
   CHECK(c->options.node_rank == -1);
 }
 
