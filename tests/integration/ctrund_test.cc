@@ -272,11 +272,7 @@ TEST_CASE("ctrund serves TLS to clients that trust its certificate",
   char dir_template[] = "/tmp/ctrun-tls-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
-  ChildProcess openssl(
-      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-       "-days", "1", "-subj", "/CN=ctrund-test", "-addext",
-       "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
-  REQUIRE(openssl.Wait(kWait) == 0);
+  MakeSelfSignedCert("127.0.0.1", cert, key);
   Daemon daemon({"--tls-cert", cert, "--tls-key", key});
 
   ConnectionOptions trusted;

@@ -314,14 +314,8 @@ TEST_CASE("A TLS mismatch with the rendezvous fails within seconds, naming TLS",
   std::filesystem::create_directories(dir);
   const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
   const std::string other = dir + "/other.pem", other_key = dir + "/other.key";
-  for (const auto& [c, k] :
-       {std::pair{cert, key}, std::pair{other, other_key}}) {
-    ChildProcess openssl(
-        {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-         "-days", "1", "-subj", "/CN=ctrund-test", "-addext",
-         "subjectAltName=IP:127.0.0.1", "-keyout", k, "-out", c});
-    REQUIRE(openssl.Wait(kWait) == 0);
-  }
+  MakeSelfSignedCert("127.0.0.1", cert, key);
+  MakeSelfSignedCert("127.0.0.1", other, other_key);
   Daemon daemon({"--tls-cert", cert, "--tls-key", key});
   // Plaintext against TLS, and a CA that did not sign the daemon's
   // certificate: each would otherwise wait out the join timeout (600 s).

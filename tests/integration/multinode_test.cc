@@ -352,11 +352,7 @@ TEST_CASE("Nodes and their workers meet over TLS with a shared token",
   const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
   const std::string token = dir + "/token";
   std::ofstream(token) << "shared-secret\n";
-  ChildProcess openssl(
-      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-       "-days", "1", "-subj", "/CN=ctrun-node", "-addext",
-       "subjectAltName=IP:127.0.0.2", "-keyout", key, "-out", cert});
-  REQUIRE(openssl.Wait(kWait) == 0);
+  MakeSelfSignedCert("127.0.0.2", cert, key);
   const int port = FreePort("127.0.0.2");
   auto node = [&](int n, const std::string& tls) {
     return std::make_unique<ChildProcess>(std::vector<std::string>{

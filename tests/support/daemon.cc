@@ -11,6 +11,15 @@ std::string WorkerProbePath() { return CTRUN_WORKER_PROBE_PATH; }
 std::string TrainPath() { return CTRUN_TRAIN_PATH; }
 std::string SourceDir() { return CTRUN_SOURCE_DIR; }
 
+void MakeSelfSignedCert(const std::string& ip, const std::string& cert,
+                        const std::string& key) {
+  ChildProcess openssl({"/usr/bin/openssl", "req", "-x509", "-newkey",
+                        "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=ctrun-test", "-addext", "subjectAltName=IP:" + ip,
+                        "-keyout", key, "-out", cert});
+  REQUIRE(openssl.Wait(absl::Seconds(60)) == 0);
+}
+
 Daemon::Daemon(std::vector<std::string> extra_args, const std::string& listen) {
   std::vector<std::string> argv = {CtrundPath(), "--listen", listen};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());

@@ -19,6 +19,11 @@ std::string WorkerProbePath();
 std::string TrainPath();
 std::string SourceDir();
 
+// Writes a fresh self-signed certificate for `ip` and its key (openssl),
+// valid for a day. Fails the current test if openssl does.
+void MakeSelfSignedCert(const std::string& ip, const std::string& cert,
+                        const std::string& key);
+
 class Daemon {
  public:
   // Starts ctrund --listen `listen` plus `extra_args`, and waits for its
