@@ -155,9 +155,19 @@ void AgentPolicy::OnSessionEnd(const absl::Status& status, absl::Time now,
               status, now, effects);
     return;
   }
-  Tell(absl::StrCat("lost the rendezvous at ", endpoint, ": ",
-                    status.ToString()),
-       effects);
+  if (IsTransportFailure(status)) {  // a running job's stateless service
+    Tell(absl::StrCat("the rendezvous at ", endpoint, " went away (",
+                      status.ToString(),
+                      ") and keeps no state to resume from; stopping the "
+                      "workers (a ctrund with --state-dir keeps them running "
+                      "across its restarts)"),
+         effects);
+  } else {
+    Tell(absl::StrCat("the rendezvous at ", endpoint,
+                      " refused this node: ", status.message(), " (",
+                      absl::StatusCodeToString(status.code()), ")"),
+         effects);
+  }
   link_ = Link::kClosed;
   reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
   End(Ending::kLost, now, effects);
@@ -285,6 +295,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   (void)now;
   const auto& o = config_.options;
   assignment_ = a;
+  ++assignments_;
   phase_ = Phase::kRunning;
   report_ = v1::WorkerReport::RUNNING;
   failures_.clear();
@@ -475,6 +486,12 @@ int AgentPolicy::ExitCode(AgentEffects* effects) const {
       Tell(absl::StrCat("job failed: ", job_failure_), effects);
       return 1;
     case Ending::kJobFinished:
+      if (assignments_ == 0) {
+        Tell(
+            "the job finished without this node: it waited for a free slot "
+            "and was never admitted",
+            effects);
+      }
       return 0;
     case Ending::kLost:
     case Ending::kNone:

@@ -261,6 +261,7 @@ class AgentPolicy {
   std::string job_failure_;  // with Ending::kJobFailed
 
   std::optional<v1::Assignment> assignment_;
+  int64_t assignments_ = 0;  // ever received: 0 for a spare never admitted
   std::vector<Worker> workers_;
   // What this round's last report said: RUNNING, SUCCEEDED or FAILED.
   v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;

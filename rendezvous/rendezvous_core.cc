@@ -331,6 +331,19 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
                      "; each node needs its own")));
   }
 
+  const int32_t max_nodes = job.settings.max_nodes();
+  if (job.phase == v1::JobStatus::RUNNING &&
+      static_cast<int32_t>(job.ranked.size()) >= max_nodes &&
+      job.settings.min_nodes() == max_nodes) {
+    // Nothing can admit it but the loss of a member, and a fixed-size job
+    // keeps no spares: most likely a second run under the same id.
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job.id, "' is full: its ", max_nodes,
+        max_nodes == 1 ? " node runs" : " nodes run", " (--nnodes=", max_nodes,
+        ") and a job of fixed size keeps no spare nodes; give this run its "
+        "own --rdzv_id, or the job --nnodes=MIN:MAX")));
+  }
+
   Node& node = job.AddNode(session, join);
   node.last_seen = now;
   session_jobs_[session] = job.id;
@@ -343,9 +356,9 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
     return;
   }
   // The job runs: the node waits for the next round, which a free slot opens
-  // at once (scale-up).
+  // at once (scale-up); an elastic job at its maximum keeps it as a spare.
   job.SetState(node, v1::NodeStatus::WAITING);
-  if (static_cast<int>(job.ranked.size()) < job.settings.max_nodes()) {
+  if (static_cast<int>(job.ranked.size()) < max_nodes) {
     OpenNextRound(job, v1::RestartRequired::NODE_WAITING,
                   absl::StrCat(node.Name(), " joined; admitting it"), now,
                   effects);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "rendezvous/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 
@@ -301,6 +302,27 @@ TEST_CASE(
   for (std::string line; std::getline(log, line);) ++logged;
   CHECK(logged == kLines);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A second run under the same id is refused at once",
+          "[ctrun][integration]") {
+  // The single-node c10d form of PyTorch's docs, started twice.
+  auto port = BindFreePort("127.0.0.1");
+  REQUIRE(port.ok());
+  const std::vector<std::string> flags = {
+      "--nnodes=1", "--rdzv_backend=c10d",
+      absl::StrCat("--rdzv_endpoint=127.0.0.1:", *port), "--rdzv_id=100"};
+  auto first = Ctrun(flags, "echo first-ran; sleep 30");
+  REQUIRE(first->WaitForLine("first-ran", kWait));
+  auto second = Ctrun(flags, "echo second-ran");
+  CHECK(second->Wait(absl::Seconds(10)) == 1);
+  CHECK(second->StderrContains(
+      "refused this node: job '100' is full: its 1 node runs (--nnodes=1)",
+      absl::ZeroDuration()));
+  CHECK(second->ReadAll(absl::ZeroDuration()).find("second-ran") ==
+        std::string::npos);
+  first->Signal(SIGTERM);
+  CHECK(first->Wait(kWait) == 128 + SIGTERM);
 }
 
 TEST_CASE("max_restarts restarts all workers with the restart count raised",

@@ -165,8 +165,9 @@ TEST_CASE("ctrund killed without a state dir stops the job cleanly",
   daemon.process().Signal(SIGKILL);
   for (auto& node : nodes) {
     CHECK(node->Wait(kWait) == 1);
-    CHECK(node->StderrContains("lost the rendezvous at " + daemon.endpoint(),
-                               absl::ZeroDuration()));
+    CHECK(node->StderrContains(
+        "the rendezvous at " + daemon.endpoint() + " went away",
+        absl::ZeroDuration()));
   }
   for (pid_t pid : workers) CHECK_FALSE(Alive(pid));
 }

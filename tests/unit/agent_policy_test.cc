@@ -319,9 +319,28 @@ TEST_CASE("A join refused by the rendezvous ends the agent", "[agent][unit]") {
   Harness h;
   h.SessionEnd(absl::FailedPreconditionError("settings differ"));
   CHECK(
-      h.Said("lost the rendezvous at 10.0.0.1:29400: FAILED_PRECONDITION: "
-             "settings differ"));
+      h.Said("the rendezvous at 10.0.0.1:29400 refused this node: settings "
+             "differ (FAILED_PRECONDITION)"));
   CHECK(h.ExitCode() == 1);
+}
+
+TEST_CASE("A spare node that was never admitted says so when the job ends",
+          "[agent][unit]") {
+  Harness h;
+  h.Message(Finished());
+  CHECK(
+      h.Said("the job finished without this node: it waited for a free "
+             "slot and was never admitted"));
+  CHECK(h.ExitCode() == 0);
+  Harness ran;
+  ran.Assign();
+  ran.Exit(0, 0);
+  ran.Exit(1, 0);
+  ran.Message(Finished());
+  CHECK_FALSE(
+      ran.Said("the job finished without this node: it waited for a "
+               "free slot and was never admitted"));
+  CHECK(ran.ExitCode() == 0);
 }
 
 TEST_CASE("A signal while joining exits at once", "[agent][unit]") {
@@ -697,7 +716,9 @@ TEST_CASE("A rendezvous without state lost while running stops the job",
   Harness h;
   h.Assign(0, /*resumable=*/false);
   h.SessionEnd(absl::UnavailableError("Socket closed"));
-  CHECK(h.Said("lost the rendezvous at 10.0.0.1:29400: UNAVAILABLE"));
+  CHECK(
+      h.Said("the rendezvous at 10.0.0.1:29400 went away (UNAVAILABLE: "
+             "Socket closed) and keeps no state to resume from"));
   CHECK(h.Signals() == std::vector<int>{SIGTERM});
   h.Exit(0, 0, SIGTERM);
   h.Exit(1, 0, SIGTERM);

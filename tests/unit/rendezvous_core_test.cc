@@ -553,6 +553,29 @@ TEST_CASE("A join while the job runs at max waits for a free slot",
   CHECK(a->world_size() == 2);
 }
 
+TEST_CASE("A join to a full job of fixed size is refused at once",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "first");
+  REQUIRE(h.LastAssignment(1));
+  h.Join(2, "second");  // the same id started twice
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsResourceExhausted(*h.Ended(2)));
+  CHECK(h.Ended(2)->message() ==
+        "job 'job' is full: its 1 node runs (--nnodes=1) and a job of fixed "
+        "size keeps no spare nodes; give this run its own --rdzv_id, or the "
+        "job --nnodes=MIN:MAX");
+  CHECK_FALSE(h.LastRestart(1));
+  CHECK_FALSE(h.Ended(1));
+  // While the job collects, a node of a fixed-size job is still welcome.
+  Harness collecting(2, 2);
+  collecting.Join(1, "a");
+  collecting.Join(2, "b");
+  collecting.Close(2);
+  collecting.Join(3, "replacement");
+  CHECK_FALSE(collecting.Ended(3));
+}
+
 TEST_CASE("Below min after a loss the survivors wait then fail naming the lost",
           "[rendezvous][unit]") {
   Harness h(2, 2);
