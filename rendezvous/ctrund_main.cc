@@ -3,7 +3,6 @@
 // The daemon's first line on stdout is "ctrund listening on HOST:PORT" (with
 // the real port when --listen asked for port 0), so scripts and tests can
 // read where it is. Logs go to stderr. SIGTERM or SIGINT end it cleanly.
-#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -206,15 +205,7 @@ int RunStatus(const StatusFlags& flags) {
     *jobs.add_jobs() = std::move(*job);
   }
   if (flags.json) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions print;
-    print.add_whitespace = true;
-    print.always_print_primitive_fields = true;
-    print.preserve_proto_field_names = true;
-    if (!google::protobuf::util::MessageToJsonString(jobs, &json, print).ok()) {
-      return Fail("cannot render the status as JSON");
-    }
-    std::cout << json;
+    std::cout << FormatJobsJson(jobs);
   } else {
     std::cout << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
   }

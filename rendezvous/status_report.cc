@@ -1,5 +1,11 @@
 #include "rendezvous/status_report.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <regex>
+#include <set>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,6 +65,53 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
     }
   }
   return out;
+}
+
+namespace {
+
+// The names of the 64-bit integer fields of `type` and of the messages it
+// holds, minus any name that some string field also has.
+void Int64Fields(const google::protobuf::Descriptor* type,
+                 std::set<const google::protobuf::Descriptor*>* seen,
+                 std::set<std::string>* int64s, std::set<std::string>* others) {
+  using google::protobuf::FieldDescriptor;
+  if (!seen->insert(type).second) return;
+  for (int i = 0; i < type->field_count(); ++i) {
+    const FieldDescriptor* f = type->field(i);
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT64:
+      case FieldDescriptor::CPPTYPE_UINT64:
+        (f->is_repeated() ? others : int64s)->insert(f->name());
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        Int64Fields(f->message_type(), seen, int64s, others);
+        break;
+      default:
+        others->insert(f->name());
+    }
+  }
+}
+
+}  // namespace
+
+std::string FormatJobsJson(const v1::ListJobsResponse& jobs) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.always_print_primitive_fields = true;
+  print.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(jobs, &json, print).ok()) {
+    return "{}\n";  // cannot happen for a message that was parsed
+  }
+  std::set<const google::protobuf::Descriptor*> seen;
+  std::set<std::string> int64s, others;
+  Int64Fields(v1::ListJobsResponse::descriptor(), &seen, &int64s, &others);
+  for (const std::string& name : int64s) {
+    if (others.contains(name)) continue;
+    json = std::regex_replace(
+        json, std::regex("(\"" + name + "\": )\"(-?[0-9]+)\""), "$1$2");
+  }
+  return json;
 }
 
 }  // namespace ctrun

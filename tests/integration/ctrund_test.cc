@@ -10,6 +10,7 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -381,7 +382,11 @@ TEST_CASE("ctrund status shows jobs nodes and ranks", "[ctrund][integration]") {
   while (auto line = json.ReadLine(kWait)) out += *line + "\n";
   CHECK(json.Wait(kWait) == 0);
   CHECK(out.find("\"job_id\": \"visible\"") != std::string::npos);
-  CHECK(out.find("\"heartbeat_age_ms\"") != std::string::npos);
+  // 64-bit integers are numbers, like every other number.
+  CHECK(out.find("\"round\": 0,") != std::string::npos);
+  CHECK(std::regex_search(out, std::regex("\"heartbeat_age_ms\": [0-9]+")));
+  CHECK(std::regex_search(out, std::regex("\"num_keys\": [0-9]+")));
+  CHECK_FALSE(std::regex_search(out, std::regex("\": \"[0-9]+\"")));
 
   ChildProcess missing({CtrundPath(), "status", "--endpoint", daemon.endpoint(),
                         "--job", "nope"});
