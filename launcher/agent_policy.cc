@@ -217,9 +217,10 @@ void AgentPolicy::OnProbeResult(const absl::Status& status, absl::Time now,
   if (link_ != Link::kConnecting || MayComeUp(status)) return;
   Tell(absl::StrCat("cannot talk to the rendezvous at ", config_.endpoint, ": ",
                     status.message(),
-                    "; is TLS set up alike on both sides (--rdzv_conf tls_ca "
-                    "here for a rendezvous served with TLS, none for one "
-                    "without)?"),
+                    "; is it a ctrun rendezvous (a ctrund or a ctrun agent: "
+                    "a job cannot mix torchrun and ctrun nodes), and is TLS "
+                    "set up alike on both sides (--rdzv_conf tls_ca here for "
+                    "a rendezvous served with TLS, none for one without)?"),
        effects);
   CloseLink(effects);
   End(Ending::kLost, now, effects);

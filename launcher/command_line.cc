@@ -668,6 +668,11 @@ absl::Status ResolveRendezvous(const SlurmContext& slurm, const EnvMap& env,
     o.slurm_node_id = slurm.facts->node_id;
     o.munge_socket = MungeSocketFor(env);
   }
+  if (o.rdzv_backend == "static" && o.node_rank >= o.max_nodes) {
+    return BadValue(raw, "node_rank",
+                    absl::StrCat("expected a node rank below --nnodes=",
+                                 o.max_nodes, " (0..", o.max_nodes - 1, ")"));
+  }
   if (o.rdzv_backend == "static" && o.max_nodes > 1) {
     // Every node knows the master from its flags; node 0 hosts the
     // rendezvous one port above MASTER_PORT, which stays the workers'.

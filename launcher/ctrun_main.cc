@@ -142,13 +142,15 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
   }
   auto started = RendezvousServer::Start(server_options);
   if (started.ok()) return std::move(*started);
-  if (plan.inferred && absl::IsUnavailable(started.status())) {
-    std::cerr << "ctrun: note: " << plan.endpoint.ToString()
-              << " is already served here; joining it\n";
-    return nullptr;
-  }
-  return absl::UnavailableError(
-      absl::StrCat("cannot host the rendezvous: ", started.status().message()));
+  // Another agent here, or a ctrund, serves it: join it like any node.
+  if (plan.inferred && absl::IsUnavailable(started.status())) return nullptr;
+  const std::string why =
+      options.rdzv_backend == "static"
+          ? absl::StrCat(plan.host_reason,
+                         ", on --master_port+1 = ", plan.endpoint.port)
+          : plan.host_reason;
+  return absl::UnavailableError(absl::StrCat(
+      "cannot host the rendezvous (", why, "): ", started.status().message()));
 }
 
 // Where per-attempt logs and error files go: --log_dir/RUN_ID, or a

@@ -1,6 +1,8 @@
 // The real ctrun binary with real worker processes (/bin/sh scripts) and
 // real signals.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -323,6 +325,31 @@ TEST_CASE("A second run under the same id is refused at once",
         std::string::npos);
   first->Signal(SIGTERM);
   CHECK(first->Wait(kWait) == 128 + SIGTERM);
+}
+
+TEST_CASE("A static node 0 whose rendezvous port is taken names it",
+          "[ctrun][integration]") {
+  auto port = BindFreePort("127.0.0.1");
+  REQUIRE(port.ok());
+  const int taken = *port + 1;
+  // Hold --master_port+1 (if something else holds it, it is taken anyway).
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(taken));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)!bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  listen(fd, 1);
+  ChildProcess node0({CtrunPath(), "--nnodes=2", "--node_rank=0",
+                      "--master_addr=127.0.0.1",
+                      absl::StrCat("--master_port=", *port), "/bin/true"});
+  CHECK(node0.Wait(kWait) == 1);
+  CHECK(node0.Stderr().find(absl::StrCat(
+            "ctrun: cannot host the rendezvous (node rank 0 of a static "
+            "rendezvous, on --master_port+1 = ",
+            taken, "): cannot listen on 127.0.0.1:", taken)) !=
+        std::string::npos);
+  close(fd);
 }
 
 TEST_CASE("max_restarts restarts all workers with the restart count raised",
