@@ -140,11 +140,12 @@ std::string PetName(const FlagSpec& f) {
 struct RawValue {
   std::string text;
   Source source = Source::kDefault;
+  std::string variable;  // with kEnv: the variable that gave it
 };
 
 // How to name a value in an error: as the user wrote it.
 std::string Origin(const FlagSpec& f, const RawValue& v) {
-  if (v.source == Source::kEnv) return absl::StrCat(PetName(f), "=", v.text);
+  if (v.source == Source::kEnv) return absl::StrCat(v.variable, "=", v.text);
   return absl::StrCat("--", f.name, "=", v.text);
 }
 
@@ -356,17 +357,20 @@ Raw LayerSources(const Split& split, const EnvMap& env) {
   for (const auto& f : Flags()) {
     RawValue v{f.value, Source::kDefault};
     if (auto it = env.find(PetName(f)); it != env.end()) {
-      v = RawValue{it->second, Source::kEnv};
+      v = RawValue{it->second, Source::kEnv, it->first};
     }
     if (auto it = split.values.find(f.name); it != split.values.end()) {
       v = it->second;
     }
     raw[f.name] = v;
   }
-  // torchrun reads this one without the PET_ prefix.
-  if (raw["log_line_prefix_template"].source == Source::kDefault) {
-    if (auto it = env.find(env::kLogLinePrefixTemplate); it != env.end()) {
-      raw["log_line_prefix_template"] = RawValue{it->second, Source::kEnv};
+  // Variables of torchrun's that stand in for a flag nobody set.
+  for (auto [flag, variable] :
+       {std::pair{"log_line_prefix_template", env::kLogLinePrefixTemplate},
+        std::pair{"shutdown_timeout", env::kTorchShutdownTimeout}}) {
+    if (raw[flag].source != Source::kDefault) continue;
+    if (auto it = env.find(variable); it != env.end()) {
+      raw[flag] = RawValue{it->second, Source::kEnv, variable};
     }
   }
   return raw;

@@ -74,6 +74,21 @@ TEST_CASE("PET_ variables override defaults and flags override them",
   CHECK(Find(c->options, "role")->source == Source::kDefault);
 }
 
+TEST_CASE("TORCH_ELASTIC_SHUTDOWN_TIMEOUT stands in for --shutdown_timeout",
+          "[launcher][unit]") {
+  const EnvMap env = {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}};
+  CHECK(Parse({"t"}, env)->options.shutdown_timeout == absl::Seconds(7));
+  CHECK(Parse({"--shutdown_timeout=3", "t"}, env)->options.shutdown_timeout ==
+        absl::Seconds(3));
+  EnvMap pet = env;
+  pet["PET_SHUTDOWN_TIMEOUT"] = "5";
+  CHECK(Parse({"t"}, pet)->options.shutdown_timeout == absl::Seconds(5));
+  CHECK(Parse({"t"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon"}})
+            .status()
+            .message() ==
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon: expected seconds >= 0");
+}
+
 TEST_CASE("A bad PET_ value is named as the variable", "[launcher][unit]") {
   auto c = Parse({"train"}, {{"PET_NNODES", "x"}});
   REQUIRE(absl::IsInvalidArgument(c.status()));

@@ -58,6 +58,9 @@ inline constexpr char kPetPrefix[] = "PET_";  // PET_<FLAG>: flag overrides
 inline constexpr char kPythonExec[] = "PYTHON_EXEC";
 inline constexpr char kLogLinePrefixTemplate[] =
     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+// Read for --shutdown_timeout when neither it nor its PET_ variable is set.
+inline constexpr char kTorchShutdownTimeout[] =
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
 inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 
 }  // namespace ctrun::env
