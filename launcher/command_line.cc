@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "ctrun/environment.h"
 #include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
@@ -721,9 +722,56 @@ absl::Status ResolveRendezvous(const SlurmContext& slurm, const EnvMap& env,
   return absl::OkStatus();
 }
 
+// The values that flags only imply, as --dry_run shows them after the flags.
+void RecordResolved(const Raw& raw, const HostFacts& host, LaunchOptions& o) {
+  auto resolved = [&o](const char* name, std::string value) {
+    o.settings.push_back({absl::StrCat(name, " (resolved)"), std::move(value),
+                          Source::kDerived, ""});
+  };
+  const std::string nproc =
+      absl::AsciiStrToLower(raw.at("nproc_per_node").text);
+  if (nproc == "gpu" || (nproc == "auto" && host.gpu_count > 0)) {
+    resolved("nproc_per_node",
+             absl::StrCat(o.local_world_size, ", from ", host.gpu_source));
+  } else if (nproc == "cpu" || nproc == "auto") {
+    resolved("nproc_per_node",
+             absl::StrCat(o.local_world_size, ", the CPU count"));
+  }
+  if (raw.at("rdzv_endpoint").text.empty() && !o.rdzv_endpoint.empty()) {
+    resolved("rdzv_endpoint",
+             absl::StrCat(o.rdzv_endpoint, " (MASTER_ADDR:MASTER_PORT+1)"));
+  }
+  if (raw.at("master_port").text.empty()) {
+    resolved("master_port",
+             o.master_port > 0
+                 ? absl::StrCat(o.master_port, " (torchrun's default)")
+                 : "a free port on group rank 0's node");
+  }
+  resolved(
+      "timeouts",
+      absl::StrCat("join ", absl::FormatDuration(o.join_timeout),
+                   ", last call ", absl::FormatDuration(o.last_call_timeout),
+                   ", heartbeat ", absl::FormatDuration(o.heartbeat_timeout),
+                   ", keep-alive ", absl::FormatDuration(o.keep_alive_interval),
+                   ", reconnect ", absl::FormatDuration(o.reconnect_timeout),
+                   ", shutdown ", absl::FormatDuration(o.shutdown_timeout)));
+  if (o.rdzv_backend == "static") {
+    const int first = o.node_rank * o.local_world_size;
+    resolved("RANK",
+             o.max_nodes == 1
+                 ? absl::StrCat("0..", o.local_world_size - 1)
+                 : absl::StrCat(first, "..", first + o.local_world_size - 1,
+                                " if every node runs ", o.local_world_size));
+  } else {
+    resolved("RANK", o.max_nodes == 1
+                         ? absl::StrCat("0..", o.local_world_size - 1)
+                         : "assigned by the rendezvous");
+  }
+}
+
 // Every flag's final value and source for --dry_run, and a notice for each
 // flag given that has no effect in ctrun.
-void RecordSources(const Raw& raw, LaunchOptions& o) {
+void RecordSources(const Raw& raw, const HostFacts& host, LaunchOptions& o) {
   for (const auto& f : Flags()) {
     const RawValue& v = raw.at(f.name);
     std::string note;
@@ -733,11 +781,7 @@ void RecordSources(const Raw& raw, LaunchOptions& o) {
     }
     o.settings.push_back({f.name, v.text, v.source, note});
   }
-  if (raw.at("master_port").text.empty()) {
-    o.settings.push_back({"master_port (resolved)",
-                          "a free port on group rank 0's node",
-                          Source::kDerived, ""});
-  }
+  RecordResolved(raw, host, o);
 }
 
 }  // namespace
@@ -769,7 +813,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   }
   o.entrypoint = split->entrypoint;
   o.script_args = split->script_args;
-  RecordSources(raw, o);
+  RecordSources(raw, slurm->host, o);
   return result;
 }
 #undef CTRUN_RETURN_IF_ERROR

@@ -316,6 +316,29 @@ TEST_CASE("The launch plan names every setting with its source",
   CHECK(plan.find("PET_* env") != std::string::npos);
   CHECK(plan.find("workers: 2 x /bin/t a") != std::string::npos);
   CHECK(plan.find("a free port") != std::string::npos);
+  CHECK(plan.find("RANK (resolved)            0..1") != std::string::npos);
+  CHECK(plan.find("timeouts (resolved)        join 10m, last call 30s, "
+                  "heartbeat 5s, keep-alive 1s, reconnect 1m, shutdown 30s") !=
+        std::string::npos);
+
+  // What flags only imply: gpu resolved with its source, a static job's
+  // endpoint and port, this node's ranks.
+  HostFacts gpus{"n", 8, 3, "CUDA_VISIBLE_DEVICES=0,1,2"};
+  auto stat =
+      ParseCommandLine({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.5",
+                        "--nproc_per_node=gpu", "t"},
+                       {}, gpus);
+  REQUIRE(stat.ok());
+  const std::string s = FormatLaunchPlan(stat->options, {"t"});
+  CHECK(
+      s.find("nproc_per_node (resolved)  3, from CUDA_VISIBLE_DEVICES=0,1,2") !=
+      std::string::npos);
+  CHECK(s.find("rdzv_endpoint (resolved)   10.0.0.5:29501 "
+               "(MASTER_ADDR:MASTER_PORT+1)") != std::string::npos);
+  CHECK(s.find("master_port (resolved)     29500 (torchrun's default)") !=
+        std::string::npos);
+  CHECK(s.find("RANK (resolved)            3..5 if every node runs 3") !=
+        std::string::npos);
 }
 
 v1::Assignment MakeAssignment() {
