@@ -84,7 +84,7 @@ const std::vector<FlagSpec>& Flags() {
        "as usual"},
       {"log_dir", 0, Kind::kValue, "", "DIR",
        "keep each worker's stdout, stderr and error file under "
-       "DIR/RUN_ID/attempt_N/LOCAL_RANK/"},
+       "DIR/RUN_ID_XXXXXX/attempt_N/LOCAL_RANK/"},
       {"redirects", 'r', Kind::kValue, "0", "STD|LR:STD,...",
        "send workers' streams to log files only: 1 stdout, 2 stderr, 3 both"},
       {"tee", 't', Kind::kValue, "0", "STD|LR:STD,...",

@@ -153,17 +153,23 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
       "cannot host the rendezvous (", why, "): ", started.status().message()));
 }
 
-// Where per-attempt logs and error files go: --log_dir/RUN_ID, or a
+// Where per-attempt logs and error files go: --log_dir/RUN_ID_XXXXXX, or a
 // temporary directory ($TMPDIR or /tmp) removed at exit unless it holds
 // something (RemoveRunDirectory).
 absl::StatusOr<std::string> MakeRunDirectory(const LaunchOptions& options) {
   if (!options.log_dir.empty()) {
-    const std::string dir = absl::StrCat(options.log_dir, "/", options.run_id);
+    // A folder of its own for each agent's run (torchrun's RUN_ID_xxxx):
+    // nodes sharing a --log_dir (NFS), or two runs under one id, never
+    // write over each other's logs.
+    std::string dir =
+        absl::StrCat(options.log_dir, "/", options.run_id, "_XXXXXX");
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
+    std::filesystem::create_directories(
+        std::filesystem::path(dir).parent_path(), ec);
+    if (ec || mkdtemp(dir.data()) == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--log_dir: cannot create ", dir, ": ", ec.message()));
+          absl::StrCat("--log_dir: cannot create ", dir, ": ",
+                       ec ? ec.message() : std::string(strerror(errno))));
     }
     return dir;
   }
@@ -291,6 +297,8 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
                 absl::IsInvalidArgument(run_dir.status()) ? kUsageError : 1);
   }
   const bool temporary = options.log_dir.empty();
+  if (!temporary)
+    std::cerr << "ctrun: this run's logs go to " << *run_dir << "\n";
 
   AgentConfig config;
   WorkerGroupConfig& w = config.workers;

@@ -36,6 +36,21 @@ std::unique_ptr<ChildProcess> Ctrun(std::vector<std::string> flags,
   return std::make_unique<ChildProcess>(argv, env);
 }
 
+// The run folders ctrun made for `run_id` under `log_dir` (RUN_ID_XXXXXX).
+std::vector<std::string> RunDirs(const std::string& log_dir,
+                                 const std::string& run_id) {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(log_dir, ec)) {
+    const std::string name = e.path().filename();
+    if (name.rfind(run_id + "_", 0) == 0 && name.size() == run_id.size() + 7) {
+      dirs.push_back(e.path());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
 std::vector<std::string> Lines(const std::string& text) {
   return absl::StrSplit(text, '\n', absl::SkipEmpty());
 }
@@ -299,7 +314,9 @@ TEST_CASE(
   CHECK(dropped > 0);
   CHECK(shown + dropped == kLines);
   // The log file never drops.
-  std::ifstream log(dir + "/drops/attempt_0/0/stdout.log");
+  const auto runs = RunDirs(dir, "drops");
+  REQUIRE(runs.size() == 1);
+  std::ifstream log(runs[0] + "/attempt_0/0/stdout.log");
   int logged = 0;
   for (std::string line; std::getline(log, line);) ++logged;
   CHECK(logged == kLines);
@@ -490,7 +507,11 @@ TEST_CASE("tee and redirects keep per-rank logs and the filter picks ranks",
                  "echo out-$RANK; echo err-$RANK >&2");
   const std::string out = c->ReadAll(kWait);
   REQUIRE(c->Wait(kWait) == 0);
-  const std::string base = dir + "/logged/attempt_0/";
+  const auto runs = RunDirs(dir, "logged");
+  REQUIRE(runs.size() == 1);
+  CHECK(c->Stderr().find("ctrun: this run's logs go to " + runs[0] + "\n") !=
+        std::string::npos);
+  const std::string base = runs[0] + "/attempt_0/";
   auto slurp = [](const std::string& path) {
     std::ifstream in(path);
     std::stringstream s;
@@ -505,6 +526,29 @@ TEST_CASE("tee and redirects keep per-rank logs and the filter picks ranks",
   CHECK(out == "R1| out-1\n");
   CHECK(c->Stderr().find("R1| err-1") != std::string::npos);
   CHECK(c->Stderr().find("err-0") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Runs sharing a log dir and an id never overwrite each other",
+          "[ctrun][integration]") {
+  // Two nodes writing to one --log_dir on NFS, or one id run twice.
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-shared-logs-" + std::to_string(getpid()));
+  for (const char* which : {"first", "second"}) {
+    auto c = Ctrun({"--rdzv_id=same", "--log_dir", dir, "--redirects=1"},
+                   absl::StrCat("echo ", which));
+    REQUIRE(c->Wait(kWait) == 0);
+  }
+  const auto runs = RunDirs(dir, "same");
+  REQUIRE(runs.size() == 2);
+  std::set<std::string> logged;
+  for (const auto& run : runs) {
+    std::ifstream in(run + "/attempt_0/0/stdout.log");
+    std::string line;
+    std::getline(in, line);
+    logged.insert(line);
+  }
+  CHECK(logged == std::set<std::string>{"first", "second"});
   std::filesystem::remove_all(dir);
 }
 
