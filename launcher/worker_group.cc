@@ -38,7 +38,9 @@ std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
   const bool shown = !o.local_ranks_filter ||
                      std::count(o.local_ranks_filter->begin(),
                                 o.local_ranks_filter->end(), local_rank) > 0;
-  const bool redirected = o.redirects.For(local_rank) & stream;
+  // As in torchrun, tee wins over redirects for a stream given to both.
+  const bool redirected = (o.redirects.For(local_rank) & stream) &&
+                          !(o.tee.For(local_rank) & stream);
   const bool kept =
       (o.redirects.For(local_rank) | o.tee.For(local_rank)) & stream;
   int file = -1;

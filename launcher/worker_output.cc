@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
@@ -59,37 +60,40 @@ WorkerOutput::WorkerOutput(WorkerOutput&& other) noexcept
       partial_(std::move(other.partial_)) {}
 
 void WorkerOutput::Append(absl::string_view bytes) {
+  if (file_fd_ >= 0) WriteAll(file_fd_, bytes);
+  if (console_ == nullptr) return;
   while (!bytes.empty()) {
     const size_t nl = bytes.find('\n');
-    if (nl == absl::string_view::npos) {
-      partial_.append(bytes.data(), bytes.size());
-      while (partial_.size() >= kMaxLine) {
-        Emit(absl::string_view(partial_).substr(0, kMaxLine));
-        partial_.erase(0, kMaxLine);
+    const absl::string_view piece = bytes.substr(0, nl);
+    if (!cut_) {
+      const size_t room = kMaxLine - partial_.size();
+      partial_.append(piece.data(), std::min(room, piece.size()));
+      if (piece.size() > room) {
+        Show(partial_, file_fd_ >= 0
+                           ? " [ctrun: cut at 1 MiB; the whole line is in "
+                             "the log file]"
+                           : " [ctrun: cut at 1 MiB; --tee keeps whole lines "
+                             "in --log_dir]");
+        partial_.clear();
+        cut_ = true;
       }
-      return;
     }
-    if (partial_.empty()) {
-      Emit(bytes.substr(0, nl));
-    } else {
-      partial_.append(bytes.data(), nl);
-      Emit(partial_);
-      partial_.clear();
-    }
+    if (nl == absl::string_view::npos) return;
+    if (!cut_) Show(partial_);
+    partial_.clear();
+    cut_ = false;
     bytes.remove_prefix(nl + 1);
   }
 }
 
 void WorkerOutput::Finish() {
-  if (!partial_.empty()) Emit(partial_);
+  if (console_ != nullptr && !partial_.empty() && !cut_) Show(partial_);
   partial_.clear();
+  cut_ = false;
 }
 
-void WorkerOutput::Emit(absl::string_view line) {
-  if (file_fd_ >= 0) WriteAll(file_fd_, absl::StrCat(line, "\n"));
-  if (console_ != nullptr) {
-    console_->WriteWorkerLine(absl::StrCat(prefix_, line, "\n"));
-  }
+void WorkerOutput::Show(absl::string_view line, absl::string_view suffix) {
+  console_->WriteWorkerLine(absl::StrCat(prefix_, line, suffix, "\n"));
 }
 
 }  // namespace ctrun

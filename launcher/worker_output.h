@@ -1,6 +1,6 @@
-// WorkerOutput: one worker stream (stdout or stderr) cut into lines, each
-// queued whole on the console with the worker's prefix and/or written to its
-// log file. The console (console.h) may drop lines when it does not keep up;
+// WorkerOutput: one worker stream (stdout or stderr). Its log file gets the
+// bytes verbatim; the console gets whole lines, each queued with the worker's
+// prefix. The console (console.h) may drop lines when it does not keep up;
 // the log file never does.
 #ifndef CTRUN_LAUNCHER_WORKER_OUTPUT_H_
 #define CTRUN_LAUNCHER_WORKER_OUTPUT_H_
@@ -27,21 +27,24 @@ class WorkerOutput {
   WorkerOutput& operator=(WorkerOutput&&) = delete;
   WorkerOutput(const WorkerOutput&) = delete;
 
-  // Emits every complete line in `bytes` (with what was buffered before).
+  // Writes `bytes` to the log file, and every line they complete (with what
+  // was buffered before) to the console.
   void Append(absl::string_view bytes);
-  // Emits what is left without a newline (the stream ended).
+  // Shows what is left without a newline (the stream ended).
   void Finish();
 
- private:
-  void Emit(absl::string_view line);
+  // The longest line the console shows whole; a longer one is shown cut
+  // there, with a note, and only its log file (if any) has all of it.
+  static constexpr size_t kMaxLine = 1 << 20;
 
-  // A line longer than this is emitted in pieces.
-  static constexpr size_t kMaxLine = 64 << 10;
+ private:
+  void Show(absl::string_view line, absl::string_view suffix = "");
 
   std::string prefix_;
   Console* console_;
   int file_fd_;
-  std::string partial_;
+  std::string partial_;  // of the line being read, up to kMaxLine
+  bool cut_ = false;     // the line being read was cut: skip to its end
 };
 
 }  // namespace ctrun

@@ -529,6 +529,23 @@ TEST_CASE("tee and redirects keep per-rank logs and the filter picks ranks",
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-tee-wins-" + std::to_string(getpid()));
+  auto c = Ctrun({"--rdzv_id=both", "--log_dir", dir, "-t", "3", "-r", "3"},
+                 "echo shown-and-kept");
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  CHECK(out == "R0| shown-and-kept\n");
+  const auto runs = RunDirs(dir, "both");
+  REQUIRE(runs.size() == 1);
+  std::ifstream log(runs[0] + "/attempt_0/0/stdout.log");
+  std::string line;
+  CHECK(std::getline(log, line));
+  CHECK(line == "shown-and-kept");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("Runs sharing a log dir and an id never overwrite each other",
           "[ctrun][integration]") {
   // Two nodes writing to one --log_dir on NFS, or one id run twice.

@@ -454,6 +454,49 @@ TEST_CASE("Worker output goes to its log file without the prefix",
   CHECK(file.Read() == "a\nb\n");
 }
 
+// A file that the test reads back; removed at the end.
+struct ScratchFile {
+  std::string path;
+  int fd = -1;
+  ScratchFile() {
+    char name[] = "/tmp/ctrun-unit-out-XXXXXX";
+    fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    path = name;
+  }
+  ~ScratchFile() {
+    close(fd);
+    unlink(path.c_str());
+  }
+  std::string Read() const {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+};
+
+TEST_CASE("Long lines stay whole up to the bound; log files stay verbatim",
+          "[launcher][unit]") {
+  const std::string whole(WorkerOutput::kMaxLine, 'w');
+  const std::string longer(WorkerOutput::kMaxLine + 10, 'x');
+  ScratchFile console, file;
+  {
+    Console sink(console.fd, 8 << 20);
+    WorkerOutput out("[p]: ", &sink, dup(file.fd));
+    // Delivered in odd pieces, as pipes do.
+    const std::string all = whole + "\n" + longer + "\nend";
+    for (size_t i = 0; i < all.size(); i += 4093) {
+      out.Append(absl::string_view(all).substr(i, 4093));
+    }
+    out.Finish();
+    REQUIRE(sink.Flush(absl::Seconds(10)));
+  }
+  CHECK(file.Read() == whole + "\n" + longer + "\nend");
+  CHECK(console.Read() ==
+        "[p]: " + whole + "\n[p]: " + longer.substr(0, WorkerOutput::kMaxLine) +
+            " [ctrun: cut at 1 MiB; the whole line is in the log file]\n"
+            "[p]: end\n");
+}
+
 TEST_CASE("Line prefix templates expand known names", "[launcher][unit]") {
   CHECK(ExpandTemplate("[${host}:${rank}]: ",
                        {{"host", "n1"}, {"rank", "7"}}) == "[n1:7]: ");
