@@ -228,37 +228,60 @@ void AgentPolicy::OnProbeResult(const absl::Status& status, absl::Time now,
 
 void AgentPolicy::OnProgress(const v1::Progress& p, absl::Time now,
                              AgentEffects* effects) {
-  // Quiet when the round closes quickly; then at most every few seconds.
-  if (now < next_progress_print_) return;
-  if (next_progress_print_ == absl::InfinitePast()) {
-    next_progress_print_ = now + kProgressQuietFor;
-    return;
+  const bool changed = !progress_ || progress_->joined() != p.joined() ||
+                       progress_->pending_count() != p.pending_count() ||
+                       progress_->round() != p.round();
+  progress_ = p;
+  progress_at_ = now;
+  // Quiet when the round closes quickly; then a line on each change (at
+  // most every few seconds) and every half minute while nothing changes.
+  if (progress_due_ == absl::InfiniteFuture()) {
+    progress_due_ = now + kProgressQuietFor;
+  } else if (changed && now >= progress_printed_ + kProgressEvery &&
+             progress_printed_ != absl::InfinitePast()) {
+    PrintProgress(now, effects);
   }
-  next_progress_print_ = now + kProgressEvery;
-  std::string line =
-      absl::StrCat("waiting for nodes (round ", p.round(), "): ", p.joined(),
-                   " joined, need ", p.min_nodes());
-  if (p.max_nodes() != p.min_nodes()) {
-    absl::StrAppend(&line, "..", p.max_nodes());
-  }
-  if (p.missing_node_ranks_size() > 0) {
-    absl::StrAppend(&line, "; missing node ranks [",
-                    absl::StrJoin(p.missing_node_ranks(), ","), "]");
-  }
-  if (p.pending_count() > 0) {
-    absl::StrAppend(&line,
-                    "; not back yet: ", absl::StrJoin(p.pending(), ", "));
-  }
-  if (p.last_call_remaining_ms() >= 0) {
-    absl::StrAppend(
-        &line, "; closing in ",
-        absl::FormatDuration(absl::Milliseconds(p.last_call_remaining_ms())));
-  }
-  absl::StrAppend(&line, "; join timeout in ",
-                  absl::FormatDuration(
-                      absl::Seconds(p.join_timeout_remaining_ms() / 1000)));
+}
+
+void AgentPolicy::PrintProgress(absl::Time now, AgentEffects* effects) {
+  const v1::Progress& p = *progress_;
+  progress_printed_ = now;
+  progress_due_ = now + kProgressRepeat;
+  // The service's countdowns, as of now.
+  auto left = [&](int64_t ms) {
+    return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(std::max(
+        absl::ZeroDuration(), absl::Milliseconds(ms) - (now - progress_at_)))));
+  };
+  const std::string& at = config_.endpoint;
+  std::string line;
   if (p.waiting_for_slot()) {
-    absl::StrAppend(&line, "; the job is full, waiting for a free slot");
+    line = absl::StrCat("the job at ", at, " runs with its ", p.max_nodes(),
+                        " nodes; waiting as a spare for a free slot");
+  } else if (p.joined() < p.min_nodes()) {
+    const int32_t more = p.min_nodes() - p.joined();
+    line = absl::StrCat("waiting for ", more,
+                        more == 1 ? " more node" : " more nodes", " at ", at,
+                        " (", p.joined(), "/", p.min_nodes(), " joined");
+  } else {
+    line = absl::StrCat("waiting for more nodes at ", at,
+                        " until the last call ends (", p.joined(),
+                        " joined, up to ", p.max_nodes());
+  }
+  if (!p.waiting_for_slot()) {
+    if (p.round() > 0) absl::StrAppend(&line, "; round ", p.round());
+    if (p.missing_node_ranks_size() > 0) {
+      absl::StrAppend(&line, "; missing node ranks [",
+                      absl::StrJoin(p.missing_node_ranks(), ","), "]");
+    }
+    if (p.pending_count() > 0) {
+      absl::StrAppend(&line,
+                      "; not back yet: ", absl::StrJoin(p.pending(), ", "));
+    }
+    if (p.last_call_remaining_ms() >= 0) {
+      absl::StrAppend(&line, "; closing in ", left(p.last_call_remaining_ms()));
+    }
+    absl::StrAppend(&line, "; join timeout in ",
+                    left(p.join_timeout_remaining_ms()), ")");
   }
   Tell(line, effects);
 }
@@ -300,7 +323,9 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   phase_ = Phase::kRunning;
   report_ = v1::WorkerReport::RUNNING;
   failures_.clear();
-  next_progress_print_ = absl::InfinitePast();
+  progress_.reset();
+  progress_due_ = absl::InfiniteFuture();
+  progress_printed_ = absl::InfinitePast();
   workers_.assign(static_cast<size_t>(o.local_world_size), Worker{});
   for (int lr = 0; lr < o.local_world_size; ++lr) {
     workers_[static_cast<size_t>(lr)].local_rank = lr;
@@ -420,11 +445,15 @@ void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
   }
   exit_signal_ = signal;
   ending_ = Ending::kSignal;
-  Tell(
-      absl::StrCat("received ", SignalName(signal), "; stopping ",
-                   live_workers(), " workers (SIGKILL after ",
-                   absl::FormatDuration(config_.options.shutdown_timeout), ")"),
-      effects);
+  const int live = live_workers();
+  Tell(live == 0
+           ? absl::StrCat("received ", SignalName(signal),
+                          "; leaving the rendezvous")
+           : absl::StrCat(
+                 "received ", SignalName(signal), "; stopping ", live,
+                 live == 1 ? " worker" : " workers", " (SIGKILL after ",
+                 absl::FormatDuration(config_.options.shutdown_timeout), ")"),
+       effects);
   StopWorkers(signal, /*send=*/!delivered, now, effects);
 }
 
@@ -530,6 +559,7 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
     End(Ending::kLost, now, effects);
     if (phase_ == Phase::kDone) return;
   }
+  if (now >= ProgressDue()) PrintProgress(now, effects);
   if (now >= reopen_at_) {
     reopen_at_ = absl::InfiniteFuture();
     OpenSession(reopen_round_, now, effects);
@@ -572,7 +602,7 @@ absl::Time AgentPolicy::NextDeadline() const {
   if (phase_ == Phase::kDone) return absl::InfiniteFuture();
   return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
                    reopen_at_, next_heartbeat_, kill_deadline_,
-                   give_up_deadline_});
+                   give_up_deadline_, ProgressDue()});
 }
 
 }  // namespace ctrun

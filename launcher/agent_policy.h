@@ -155,10 +155,11 @@ class AgentPolicy {
   // How long a worker that ignores SIGKILL (stuck in the kernel) may hold
   // up the agent before it is abandoned.
   static constexpr absl::Duration kGiveUpAfterKill = absl::Seconds(10);
-  // Progress of a collecting round is printed only after this long, then
-  // this often.
+  // Progress of a collecting round is printed only after this long; then
+  // on each change, at most this often, and this often without one.
   static constexpr absl::Duration kProgressQuietFor = absl::Seconds(2);
   static constexpr absl::Duration kProgressEvery = absl::Seconds(5);
+  static constexpr absl::Duration kProgressRepeat = absl::Seconds(30);
   // A broken session is opened again after this (never in a tight loop).
   static constexpr absl::Duration kReopenDelay = absl::Milliseconds(100);
   // A rendezvous silent this long after a join is probed, then again this
@@ -222,6 +223,13 @@ class AgentPolicy {
   void OnResumed(const v1::Resumed& resumed, AgentEffects* effects);
   void OnProgress(const v1::Progress& progress, absl::Time now,
                   AgentEffects* effects);
+  void PrintProgress(absl::Time now, AgentEffects* effects);
+  // When the joining node next says how the round stands.
+  absl::Time ProgressDue() const {
+    return phase_ == Phase::kJoining && link_ == Link::kOpen && progress_
+               ? progress_due_
+               : absl::InfiniteFuture();
+  }
   void OnWorkerFailure(const WorkerFailureRecord& failure, absl::Time now,
                        AgentEffects* effects);
 
@@ -277,7 +285,12 @@ class AgentPolicy {
   absl::Time next_heartbeat_ = absl::InfiniteFuture();
   absl::Time kill_deadline_ = absl::InfiniteFuture();
   absl::Time give_up_deadline_ = absl::InfiniteFuture();
-  absl::Time next_progress_print_ = absl::InfinitePast();
+  // The round's latest progress while joining, when it came, and when it
+  // is next printed (InfiniteFuture: none came yet).
+  std::optional<v1::Progress> progress_;
+  absl::Time progress_at_;
+  absl::Time progress_due_ = absl::InfiniteFuture();
+  absl::Time progress_printed_ = absl::InfinitePast();
 };
 
 }  // namespace ctrun

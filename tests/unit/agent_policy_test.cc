@@ -198,6 +198,7 @@ v1::ServerMessage Progress() {
   m.mutable_progress()->set_joined(1);
   m.mutable_progress()->set_min_nodes(2);
   m.mutable_progress()->set_max_nodes(2);
+  m.mutable_progress()->set_last_call_remaining_ms(-1);  // no last call
   return m;
 }
 
@@ -271,14 +272,61 @@ TEST_CASE("A probe that returns after the rendezvous answered changes nothing",
 TEST_CASE("Progress is printed only when the round takes a while",
           "[agent][unit]") {
   Harness h;
-  h.Message(Progress());
+  v1::ServerMessage m = Progress();
+  m.mutable_progress()->set_min_nodes(3);
+  m.mutable_progress()->set_max_nodes(3);
+  m.mutable_progress()->set_join_timeout_remaining_ms(600'000);
+  h.Message(m);
   CHECK_FALSE(h.Has<e::Say>());
+  // Nothing more comes from the service: the agent says it waits anyway,
+  // with the countdown as of now.
   h.Advance(AgentPolicy::kProgressQuietFor);
-  h.Message(Progress());
-  CHECK(h.Said("waiting for nodes (round 0): 1 joined, need 2"));
+  CHECK(
+      h.Said("waiting for 2 more nodes at 10.0.0.1:29400 (1/3 joined; "
+             "join timeout in 9m58s)"));
   h.Advance(absl::Seconds(1));
-  h.Message(Progress());
+  h.Message(m);  // no change: nothing said
   CHECK_FALSE(h.Has<e::Say>());
+  h.Advance(AgentPolicy::kProgressRepeat - absl::Seconds(2));
+  CHECK_FALSE(h.Has<e::Say>());
+  h.Advance(absl::Seconds(1));
+  // Counted from the last message, which said 10m at 0:03.
+  CHECK(
+      h.Said("waiting for 2 more nodes at 10.0.0.1:29400 (1/3 joined; "
+             "join timeout in 9m31s)"));
+  // A change is told at once, once a few seconds have passed.
+  h.Advance(AgentPolicy::kProgressEvery);
+  m.mutable_progress()->set_joined(2);
+  m.mutable_progress()->set_join_timeout_remaining_ms(560'000);
+  h.Message(m);
+  CHECK(
+      h.Said("waiting for 1 more node at 10.0.0.1:29400 (2/3 joined; join "
+             "timeout in 9m20s)"));
+}
+
+TEST_CASE("An elastic round in its last call and a spare say so",
+          "[agent][unit]") {
+  Harness h;
+  v1::ServerMessage m = Progress();
+  m.mutable_progress()->set_min_nodes(1);
+  m.mutable_progress()->set_max_nodes(4);
+  m.mutable_progress()->set_last_call_remaining_ms(30'000);
+  m.mutable_progress()->set_join_timeout_remaining_ms(600'000);
+  h.Message(m);
+  h.Advance(AgentPolicy::kProgressQuietFor);
+  CHECK(
+      h.Said("waiting for more nodes at 10.0.0.1:29400 until the last call "
+             "ends (1 joined, up to 4; closing in 28s; join timeout in "
+             "9m58s)"));
+  Harness spare;
+  v1::ServerMessage full = Progress();
+  full.mutable_progress()->set_waiting_for_slot(true);
+  full.mutable_progress()->set_max_nodes(4);
+  spare.Message(full);
+  spare.Advance(AgentPolicy::kProgressQuietFor);
+  CHECK(
+      spare.Said("the job at 10.0.0.1:29400 runs with its 4 nodes; waiting "
+                 "as a spare for a free slot"));
 }
 
 TEST_CASE("A session broken while collecting joins again and the job goes on",
