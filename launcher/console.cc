@@ -68,6 +68,11 @@ uint64_t Console::dropped_lines() const {
   return dropped_;
 }
 
+bool Console::gone() const {
+  absl::MutexLock lock(&mu_);
+  return gone_;
+}
+
 void Console::WriteLoop() {
   while (true) {
     std::string chunk;

@@ -46,6 +46,9 @@ class Console {
 
   // Worker lines dropped so far.
   uint64_t dropped_lines() const;
+  // Whether the console went away (its reader closed it: `| head`); what is
+  // written from then on is discarded.
+  bool gone() const;
 
   static constexpr absl::Duration kStallTimeout = absl::Seconds(1);
 

@@ -161,6 +161,7 @@ void WorkerGroup::Read(int fd, size_t budget) {
     if (n > 0) {
       sink.Append(absl::string_view(buffer, static_cast<size_t>(n)));
       total += static_cast<size_t>(n);
+      if (sink.Unread()) break;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -168,6 +169,7 @@ void WorkerGroup::Read(int fd, size_t budget) {
     ClosePipe(fd);  // EOF or error
     return;
   }
+  if (sink.Unread()) ClosePipe(fd);
 }
 
 void WorkerGroup::ClosePipe(int fd) {

@@ -32,6 +32,13 @@ class WorkerOutput {
   void Append(absl::string_view bytes);
   // Shows what is left without a newline (the stream ended).
   void Finish();
+  // Whether nothing keeps this stream any more: no log file, and a console
+  // that went away. Its pipe is then closed, so that the worker gets EPIPE
+  // as it would writing to that console itself (as under torchrun).
+  // (A stream hidden by --local_ranks_filter is read and discarded.)
+  bool Unread() const {
+    return file_fd_ < 0 && console_ != nullptr && console_->gone();
+  }
 
   // The longest line the console shows whole; a longer one is shown cut
   // there, with a note, and only its log file (if any) has all of it.

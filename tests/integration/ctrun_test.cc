@@ -529,6 +529,22 @@ TEST_CASE("tee and redirects keep per-rank logs and the filter picks ranks",
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("Workers get EPIPE once the console's reader is gone, as in torchrun",
+          "[ctrun][integration]") {
+  // `ctrun ... | head -2`: workers that print forever end with the reader,
+  // instead of running on with their output thrown away.
+  ChildProcess pipeline(
+      {"/bin/sh", "-c",
+       absl::StrCat(CtrunPath(),
+                    " --nproc_per_node=2 /bin/sh -c 'i=0; while :; do echo "
+                    "line $i; i=$((i+1)); sleep 0.01; done' | head -2; echo "
+                    "pipeline-done")});
+  const std::string out = pipeline.ReadAll(kWait);
+  REQUIRE(pipeline.Wait(kWait) == 0);
+  CHECK(out.find("pipeline-done") != std::string::npos);
+  CHECK(pipeline.Stderr().find("was killed by SIGPIPE") != std::string::npos);
+}
+
 TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("ctrun-tee-wins-" + std::to_string(getpid()));
