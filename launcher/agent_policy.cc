@@ -375,6 +375,16 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
   if (it == workers_.end() || !it->alive) return;
   it->alive = false;
   if (phase_ == Phase::kStopping) {  // expected: it was asked to stop
+    // Stopping for a local failure, a worker that failed on its own (not
+    // of the stop: SIGTERM, SIGKILL, a shell's 128+N for them) is listed
+    // too, as torchrun lists every failed rank.
+    const int code = e.signal != 0 ? 128 + e.signal : e.exit_code;
+    if (!failures_.empty() && code != 0 && code != 128 + SIGTERM &&
+        code != 128 + SIGKILL) {
+      failures_.push_back(WorkerFailureRecord{
+          e.wall_time, config_.hostname, it->rank, it->local_rank, e.exit_code,
+          e.signal, it->pid, it->error_file});
+    }
     if (live_workers() == 0) OnStopped(now, effects);
     return;
   }

@@ -492,6 +492,33 @@ TEST_CASE("A job failure prints the root cause and exits with its code",
   CHECK(h.ExitCode() == 3);
 }
 
+TEST_CASE("Every failed rank is listed, the root cause first",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  h.Exit(1, 7);  // the root cause
+  h.Exit(0, 2);  // failed on its own while the others stopped
+  h.Message(Failed("restart budget spent"));
+  REQUIRE(h.Has<e::Print>());
+  const std::string summary = h.Get<e::Print>().text;
+  const size_t others = summary.find("Failures:\n[1]:");
+  const size_t root =
+      summary.find("Root Cause (first observed failure):\n[0]:");
+  REQUIRE(others != std::string::npos);
+  REQUIRE(root != std::string::npos);
+  CHECK(summary.find("rank       : 4 (local_rank: 0)") < root);
+  CHECK(summary.find("exitcode   : 2") < root);
+  CHECK(summary.find("rank       : 5 (local_rank: 1)") > root);
+  CHECK(h.ExitCode() == 7);
+  // Workers ended by the stop itself are not failures.
+  Harness stopped;
+  stopped.Assign();
+  stopped.Exit(1, 7);
+  stopped.Exit(0, 0, SIGTERM);
+  stopped.Message(Failed("restart budget spent"));
+  CHECK(absl::StrContains(stopped.Get<e::Print>().text, "<NO_OTHER_FAILURES>"));
+}
+
 TEST_CASE("A job failure without a local failure exits 1 with the reason",
           "[agent][unit]") {
   Harness h;
