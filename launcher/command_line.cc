@@ -103,10 +103,18 @@ const std::vector<FlagSpec>& Flags() {
       {"logs_specs", 0, Kind::kValue, "", "NAME",
        "accepted for torchrun compatibility",
        "log layout plugins are Python classes; use --log_dir"},
-      {"numa_binding", 0, Kind::kValue, "", "POLICY",
+      {"numa_binding", 0, Kind::kValue, "",
+       "node|socket|exclusive|core-complex",
        "accepted for torchrun compatibility",
        "NUMA binding is not implemented; bind with numactl in the "
        "entrypoint"},
+      {"event_log_handler", 0, Kind::kValue, "null", "NAME",
+       "accepted for torchrun compatibility",
+       "torchelastic's event handlers are Python plugins; ctrun logs its "
+       "events on stderr"},
+      {"virtual_local_rank", 0, Kind::kBool, "0", "",
+       "give each worker LOCAL_RANK=0 and only its own GPU in "
+       "CUDA_VISIBLE_DEVICES"},
       {"signals_to_handle", 0, Kind::kValue, kDefaultSignals, "SIG,...",
        "signals forwarded to the workers before ctrun stops; SIGUSR1 and "
        "SIGUSR2 are always forwarded"},
@@ -121,12 +129,63 @@ const std::vector<FlagSpec>& Flags() {
   return flags;
 }
 
+// Edits (insertions, deletions, substitutions) that turn `a` into `b`.
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
 const FlagSpec* FindFlag(absl::string_view name) {
   for (const auto& f : Flags()) {
     if (name == f.name) return &f;
   }
   return nullptr;
 }
+// The flag `name` (dashes already turned into underscores) stands for. Like
+// torchrun's argparse, an unambiguous prefix of a flag is that flag
+// (--nproc is --nproc_per_node). INVALID_ARGUMENT for an ambiguous prefix
+// (naming the candidates) or an unknown flag (naming the nearest one).
+absl::StatusOr<const FlagSpec*> LookUpFlag(absl::string_view name,
+                                           absl::string_view as_given) {
+  if (const FlagSpec* exact = FindFlag(name)) return exact;
+  std::vector<const FlagSpec*> prefixed;
+  for (const auto& f : Flags()) {
+    if (!name.empty() && absl::StartsWith(f.name, name)) prefixed.push_back(&f);
+  }
+  if (prefixed.size() == 1) return prefixed.front();
+  if (prefixed.size() > 1) {
+    std::vector<std::string> names;
+    for (const FlagSpec* f : prefixed)
+      names.push_back(absl::StrCat("--", f->name));
+    return absl::InvalidArgumentError(absl::StrCat("ambiguous flag '", as_given,
+                                                   "': it could be ",
+                                                   absl::StrJoin(names, ", ")));
+  }
+  const FlagSpec* nearest = nullptr;
+  size_t best = 3;  // at most two edits away
+  for (const auto& f : Flags()) {
+    if (const size_t d = EditDistance(name, f.name); d < best) {
+      best = d;
+      nearest = &f;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown flag '", as_given, "'; ",
+      nearest ? absl::StrCat("did you mean --", nearest->name, "? ") : "",
+      "see ctrun --help (script flags go after the entrypoint)"));
+}
+
 const FlagSpec* FindShortFlag(char c) {
   for (const auto& f : Flags()) {
     if (f.short_name == c) return &f;
@@ -194,6 +253,21 @@ std::string GenerateRunId() {
   return absl::StrCat("ctrun-", absl::Hex(rng(), absl::kZeroPad16));
 }
 
+// --rdzv_conf keys of torchrun's that mean nothing to ctrun's rendezvous,
+// and why; each given is noted.
+const std::map<std::string, const char*>& IgnoredRdzvConfKeys() {
+  static const std::map<std::string, const char*> keys = {
+      {"timeout", "join_timeout bounds the join"},
+      {"read_timeout", "calls to ctrun's rendezvous carry their own deadlines"},
+      {"close_timeout",
+       "a round closes as soon as every node is back, or at the last call"},
+      {"keep_alive_max_attempt", "a node is lost after heartbeat_timeout"},
+      {"store_type", "workers reach ctrun's store through libctrun_worker"},
+      {"use_libuv", "PyTorch's own TCPStore on MASTER_PORT is untouched"},
+  };
+  return keys;
+}
+
 const std::set<std::string>& RdzvConfKeys() {
   static const std::set<std::string> keys = {
       "join_timeout",
@@ -256,12 +330,9 @@ absl::StatusOr<Split> SplitArgs(const std::vector<std::string>& args) {
       const std::string name = absl::StrReplaceAll(
           a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2),
           {{"-", "_"}});
-      const FlagSpec* f = FindFlag(name);
-      if (f == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unknown flag '", a.substr(0, eq),
-            "'; see ctrun --help (script flags go after the entrypoint)"));
-      }
+      auto found = LookUpFlag(name, a.substr(0, eq));
+      if (!found.ok()) return found.status();
+      const FlagSpec* f = *found;
       if (f->kind == Kind::kBool) {
         if (eq != std::string::npos) {
           return absl::InvalidArgumentError(
@@ -498,6 +569,11 @@ absl::Status ConvertRdzvConf(const Raw& raw, LaunchOptions& o) {
       return bad(absl::StrCat("unknown key '", key, "'; known keys: ",
                               absl::StrJoin(RdzvConfKeys(), ", ")));
     }
+    if (auto it = IgnoredRdzvConfKeys().find(key);
+        it != IgnoredRdzvConfKeys().end()) {
+      o.notices.push_back(absl::StrCat("--rdzv_conf ", key, "=", value,
+                                       " has no effect: ", it->second));
+    }
     o.rdzv_conf[key] = value;
   }
   for (auto [key, out] :
@@ -599,6 +675,14 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   if (method != "spawn" && method != "fork" && method != "forkserver") {
     return BadValue(raw, "start_method", "expected spawn, fork or forkserver");
   }
+  const std::string& numa = raw.at("numa_binding").text;
+  if (!numa.empty() && numa != "node" && numa != "socket" &&
+      numa != "exclusive" && numa != "core-complex") {
+    return BadValue(raw, "numa_binding",
+                    "expected node, socket, exclusive or core-complex");
+  }
+  CTRUN_RETURN_IF_ERROR(
+      ConvertBool(raw, "virtual_local_rank", &o.virtual_local_rank));
   o.role = raw.at("role").text;
   if (o.role.empty()) return BadValue(raw, "role", "must not be empty");
   CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "module", &o.module));

@@ -81,6 +81,8 @@ struct LaunchOptions {
   std::vector<std::string> script_args;
   bool module = false;     // -m: python -m ENTRYPOINT
   bool no_python = false;  // execute ENTRYPOINT directly
+  // LOCAL_RANK=0 for every worker, each seeing only its own GPU.
+  bool virtual_local_rank = false;
   std::vector<int> signals_to_handle;
   absl::Duration shutdown_timeout = absl::Seconds(30);
 

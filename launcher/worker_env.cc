@@ -1,6 +1,9 @@
 #include "launcher/worker_env.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "ctrun/environment.h"
 
 namespace ctrun {
@@ -16,6 +19,20 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
   e.erase(env::kRendezvousToken);
   const int rank = a.first_global_rank() + local_rank;
   e[env::kLocalRank] = absl::StrCat(local_rank);
+  if (options.virtual_local_rank) {
+    // Each worker sees one GPU, its own, as device 0 (torchrun's
+    // --virtual-local-rank): the agent's list narrowed, or the index.
+    std::string device = absl::StrCat(local_rank);
+    if (auto it = agent_env.find(env::kCudaVisibleDevices);
+        it != agent_env.end()) {
+      std::vector<std::string> visible = absl::StrSplit(it->second, ',');
+      if (static_cast<size_t>(local_rank) < visible.size()) {
+        device = visible[static_cast<size_t>(local_rank)];
+      }
+    }
+    e[env::kCudaVisibleDevices] = device;
+    e[env::kLocalRank] = "0";
+  }
   e[env::kRank] = absl::StrCat(rank);
   e[env::kGroupRank] = absl::StrCat(a.group_rank());
   // One role per job: role ranks are global ranks.

@@ -270,6 +270,43 @@ TEST_CASE("Flags without use in ctrun are accepted and explained",
   CHECK(Find(c->options, "start_method")->note.find("exec") !=
         std::string::npos);
   CHECK(Parse({"t"})->options.notices.empty());
+
+  // torchrun's newer flags, and --rdzv_conf keys that mean nothing here.
+  auto newer = Parse({"--event-log-handler=console",
+                      "--rdzv_conf=timeout=900,use_libuv=1,join_timeout=9",
+                      "--numa-binding=node", "t"});
+  REQUIRE(newer.ok());
+  CHECK(newer->options.notices ==
+        std::vector<std::string>{
+            "--rdzv_conf timeout=900 has no effect: join_timeout bounds the "
+            "join",
+            "--rdzv_conf use_libuv=1 has no effect: PyTorch's own TCPStore "
+            "on MASTER_PORT is untouched",
+            "--numa_binding=node has no effect: NUMA binding is not "
+            "implemented; bind with numactl in the entrypoint",
+            "--event_log_handler=console has no effect: torchelastic's event "
+            "handlers are Python plugins; ctrun logs its events on stderr"});
+  // Their values are checked as torchrun checks them.
+  CHECK(Parse({"--numa-binding=bogus", "t"}).status().message() ==
+        "--numa_binding=bogus: expected node, socket, exclusive or "
+        "core-complex");
+}
+
+TEST_CASE("Flags may be abbreviated as in torchrun; typos get a suggestion",
+          "[launcher][unit]") {
+  auto abbreviated = Parse({"--nproc=3", "--stand", "t"});
+  REQUIRE(abbreviated.ok());
+  CHECK(abbreviated->options.local_world_size == 3);
+  CHECK(abbreviated->options.standalone);
+  CHECK(Parse({"--m=1", "t"}).status().message() ==
+        "ambiguous flag '--m': it could be --max_restarts, "
+        "--monitor_interval, --module, --master_addr, --master_port");
+  CHECK(Parse({"--nprocs-per-node=2", "t"}).status().message() ==
+        "unknown flag '--nprocs-per-node'; did you mean --nproc_per_node? see "
+        "ctrun --help (script flags go after the entrypoint)");
+  CHECK(Parse({"--bogus", "t"}).status().message() ==
+        "unknown flag '--bogus'; see ctrun --help (script flags go after the "
+        "entrypoint)");
 }
 
 TEST_CASE("Redirect and tee specs select streams per local rank",
@@ -354,6 +391,22 @@ v1::Assignment MakeAssignment() {
   a.set_max_restarts(3);
   a.set_job_id("job9");
   return a;
+}
+
+TEST_CASE("A virtual local rank is 0 and sees only its own GPU",
+          "[launcher][unit]") {
+  LaunchOptions o;
+  o.local_world_size = 2;
+  o.virtual_local_rank = true;
+  const EnvMap agent = {{"CUDA_VISIBLE_DEVICES", "4,5"}};
+  const EnvMap second =
+      WorkerEnvironment(o, MakeAssignment(), 1, agent, {}, "", "");
+  CHECK(second.at("LOCAL_RANK") == "0");
+  CHECK(second.at("CUDA_VISIBLE_DEVICES") == "5");
+  CHECK(second.at("RANK") == "5");
+  CHECK(WorkerEnvironment(o, MakeAssignment(), 1, {}, {}, "", "")
+            .at("CUDA_VISIBLE_DEVICES") == "1");
+  CHECK(Parse({"--virtual-local-rank", "t"})->options.virtual_local_rank);
 }
 
 TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
