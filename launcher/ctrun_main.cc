@@ -357,8 +357,13 @@ int main(int argc, char** argv) {
     return Fail(std::string(plan.status().message()), kUsageError);
   }
   if (options.dry_run) {
-    std::cout << FormatLaunchPlan(options, *worker_argv)
-              << FormatRendezvousPlan(options, *plan);
+    std::cout << FormatLaunchPlan(options, *worker_argv);
+    if (const PythonChoice python = FindPython(env);
+        !python.path.empty() && (*worker_argv)[0] == python.path) {
+      std::cout << "  python: " << python.path << " (from " << python.source
+                << ")\n";
+    }
+    std::cout << FormatRendezvousPlan(options, *plan);
     return 0;
   }
   return Launch(std::move(options), *plan, std::move(*worker_argv),

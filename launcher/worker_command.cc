@@ -3,6 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -32,7 +35,42 @@ std::string FindProgram(const std::string& name, const EnvMap& env) {
   return "";
 }
 
+// The interpreter a torchrun script names in its #! line, if executable.
+std::string TorchrunInterpreter(const std::string& torchrun) {
+  std::ifstream in(torchrun);
+  std::string line;
+  if (!std::getline(in, line) || !absl::StartsWith(line, "#!")) return "";
+  const std::string interpreter(absl::StripAsciiWhitespace(
+      absl::string_view(line).substr(2, line.find(' ', 3) - 2)));
+  return absl::StrContains(interpreter, "python") &&
+                 IsExecutableFile(interpreter)
+             ? interpreter
+             : "";
+}
+
 }  // namespace
+
+PythonChoice FindPython(const EnvMap& env) {
+  if (auto it = env.find(env::kPythonExec);
+      it != env.end() && !it->second.empty()) {
+    return {FindProgram(it->second, env), "PYTHON_EXEC", it->second};
+  }
+  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+    if (auto it = env.find(var); it != env.end() && !it->second.empty()) {
+      const std::string python = absl::StrCat(it->second, "/bin/python3");
+      if (IsExecutableFile(python)) return {python, var, python};
+    }
+  }
+  // The interpreter torchrun itself would run the script under (its
+  // sys.executable): the one torch is installed for.
+  if (const std::string torchrun = FindProgram("torchrun", env);
+      !torchrun.empty()) {
+    if (std::string python = TorchrunInterpreter(torchrun); !python.empty()) {
+      return {python, absl::StrCat("the #! line of ", torchrun), python};
+    }
+  }
+  return {FindProgram("python3", env), "PATH", "python3"};
+}
 
 absl::StatusOr<std::vector<std::string>> ResolveWorkerCommand(
     const LaunchOptions& options, const EnvMap& env) {
@@ -41,16 +79,14 @@ absl::StatusOr<std::vector<std::string>> ResolveWorkerCommand(
       options.module || (!options.no_python && absl::EndsWith(entry, ".py"));
   std::vector<std::string> argv;
   if (python) {
-    auto it = env.find(env::kPythonExec);
-    const std::string name =
-        it != env.end() && !it->second.empty() ? it->second : "python3";
-    std::string interpreter = FindProgram(name, env);
-    if (interpreter.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Python interpreter '", name, "' not found",
-          it == env.end() ? " in PATH; set PYTHON_EXEC" : " (PYTHON_EXEC)"));
+    const PythonChoice python = FindPython(env);
+    if (python.path.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Python interpreter '", python.name, "' not found",
+                       python.source == "PATH" ? " in PATH; set PYTHON_EXEC"
+                                               : " (PYTHON_EXEC)"));
     }
-    argv = {interpreter, "-u"};
+    argv = {python.path, "-u"};
     if (options.module) {
       argv.push_back("-m");
     } else if (access(entry.c_str(), R_OK) != 0) {

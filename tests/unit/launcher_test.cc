@@ -601,6 +601,43 @@ TEST_CASE("The failure summary shows the root cause first with its signal",
   CHECK(s.find("rank       : 0 (local_rank: 0)") < root_at);
 }
 
+TEST_CASE("Python is the one torch's environment would use",
+          "[launcher][unit]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-python-" + std::to_string(getpid()));
+  auto executable = [](const std::string& path, const std::string& text) {
+    std::filesystem::create_directories(
+        std::filesystem::path(path).parent_path());
+    std::ofstream(path) << text;
+    chmod(path.c_str(), 0755);
+  };
+  const std::string venv_python = dir + "/venv/bin/python3";
+  const std::string env_python = dir + "/env/bin/python3.12";
+  executable(venv_python, "#!/bin/sh\n");
+  executable(env_python, "#!/bin/sh\n");
+  executable(dir + "/bin/torchrun", "#!" + env_python + "\nimport sys\n");
+  executable(dir + "/bin/python3", "#!/bin/sh\n");
+  const std::string path = dir + "/bin:/usr/bin:/bin";
+
+  // PYTHON_EXEC > the active virtualenv > torchrun's own interpreter > PATH.
+  CHECK(FindPython({{"PATH", path},
+                    {"VIRTUAL_ENV", dir + "/venv"},
+                    {"PYTHON_EXEC", "/bin/sh"}})
+            .path == "/bin/sh");
+  const PythonChoice venv =
+      FindPython({{"PATH", path}, {"VIRTUAL_ENV", dir + "/venv"}});
+  CHECK(venv.path == venv_python);
+  CHECK(venv.source == "VIRTUAL_ENV");
+  const PythonChoice torchrun = FindPython({{"PATH", path}});
+  CHECK(torchrun.path == env_python);
+  CHECK(torchrun.source == "the #! line of " + dir + "/bin/torchrun");
+  std::filesystem::remove(dir + "/bin/torchrun");
+  // (this machine's own torchrun, if any, is off this PATH)
+  CHECK(FindPython({{"PATH", dir + "/bin"}}).path == dir + "/bin/python3");
+  CHECK(FindPython({{"PATH", dir + "/none"}}).path.empty());
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("Entrypoints resolve like torchrun's", "[launcher][unit]") {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("ctrun-cmd-" + std::to_string(getpid()));
