@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -218,6 +219,29 @@ void ServeUntilIdle(RendezvousServer& server, const sigset_t& signals) {
   }
 }
 
+// Each worker holds two pipes open in the agent for as long as it runs,
+// with gRPC, the log files and the epoll set beside them: a low `ulimit -n`
+// would fail a spawn halfway through, reading as a worker that exited 127.
+// The soft limit is raised to what is needed when the hard one allows;
+// otherwise the launch is refused up front, saying what to do.
+absl::Status EnsureFileLimit(int local_world_size) {
+  const rlim_t needed = static_cast<rlim_t>(local_world_size) * 4 + 256;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= needed) {
+    return absl::OkStatus();
+  }
+  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed) {
+    limit.rlim_cur = needed;
+    if (setrlimit(RLIMIT_NOFILE, &limit) == 0) return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("--nproc_per_node=", local_world_size, " needs about ",
+                   needed, " open files, but ulimit -n allows ", limit.rlim_cur,
+                   " (at most ", limit.rlim_max,
+                   " without privileges); raise the limit or run fewer "
+                   "workers per node"));
+}
+
 // A fresh value for env::kContainmentMark.
 std::string ContainmentMark() {
   std::random_device rd;
@@ -276,6 +300,9 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
            std::vector<std::string> worker_argv, EnvMap env) {
   for (const auto& notice : options.notices) {
     std::cerr << "ctrun: note: " << notice << "\n";
+  }
+  if (auto s = EnsureFileLimit(options.local_world_size); !s.ok()) {
+    return Fail(std::string(s.message()), kUsageError);
   }
   const sigset_t signals = AgentSignals(options.signals_to_handle);
   PrepareProcess(signals);

@@ -545,6 +545,30 @@ TEST_CASE("Workers get EPIPE once the console's reader is gone, as in torchrun",
   CHECK(pipeline.Stderr().find("was killed by SIGPIPE") != std::string::npos);
 }
 
+TEST_CASE("A file limit too low for the workers is raised or named",
+          "[ctrun][integration]") {
+  auto run = [](int workers) {
+    ChildProcess c({"/bin/sh", "-c",
+                    absl::StrCat("ulimit -Sn 100; ulimit -Hn 300; exec ",
+                                 CtrunPath(), " --nproc_per_node=", workers,
+                                 " /bin/sh -c 'ulimit -n'")});
+    const std::string out = c.ReadAll(kWait);
+    return std::tuple{c.Wait(kWait), out, c.Stderr()};
+  };
+  // 10 workers fit once the soft limit is raised within the hard one.
+  auto [code, out, err] = run(10);
+  CHECK(code == 0);
+  CHECK(out.find(":0]: 296\n") != std::string::npos);
+  // 200 do not: refused before anything starts, saying why.
+  auto [refused, none, why] = run(200);
+  CHECK(refused == 2);
+  CHECK(none.empty());
+  CHECK(why ==
+        "ctrun: --nproc_per_node=200 needs about 1056 open files, but ulimit "
+        "-n allows 100 (at most 300 without privileges); raise the limit or "
+        "run fewer workers per node\n");
+}
+
 TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("ctrun-tee-wins-" + std::to_string(getpid()));
