@@ -145,7 +145,8 @@ int Agent::Run() {
   policy_.Start(MonotonicNow(), &effects);
   Apply(std::move(effects));
   while (!exit_code_) {
-    Poll(policy_.NextDeadline());
+    Poll(std::min(policy_.NextDeadline(), workers_->PartialDue()));
+    workers_->ShowPartials(MonotonicNow());
     if (exit_code_) break;
     effects.clear();
     policy_.Tick(MonotonicNow(), &effects);
@@ -179,7 +180,7 @@ void Agent::Poll(absl::Time deadline) {
     } else {
       const int fd = static_cast<int>(tag);
       if (events[i].events & EPOLLIN) {
-        workers_->OnReadable(fd);
+        workers_->OnReadable(fd, MonotonicNow());
       } else if (events[i].events & (EPOLLHUP | EPOLLERR)) {
         workers_->OnHangup(fd);
       }

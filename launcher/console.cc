@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace ctrun {
@@ -38,19 +39,51 @@ Console::~Console() {
   writer_.join();
 }
 
-void Console::WriteWorkerLine(absl::string_view line) {
-  absl::MutexLock lock(&mu_);
-  if (gone_) return;
-  if (queue_.size() + line.size() > limit_) {
+bool Console::QueueWorkerText(absl::string_view text) {
+  if (gone_) return false;
+  if (queue_.size() + text.size() > limit_) {
     ++dropped_;
     ++unreported_drops_;
-    return;
+    return false;
   }
-  queue_.append(line.data(), line.size());
+  queue_.append(text.data(), text.size());
+  return true;
+}
+
+void Console::CloseOpenLine() {
+  if (open_line_ == nullptr) return;
+  open_line_ = nullptr;
+  if (!gone_) queue_.push_back('\n');
+}
+
+void Console::WriteWorkerLine(absl::string_view line) {
+  absl::MutexLock lock(&mu_);
+  CloseOpenLine();
+  QueueWorkerText(line);
+}
+
+void Console::WriteWorkerPiece(const void* owner, absl::string_view prefix,
+                               absl::string_view text) {
+  absl::MutexLock lock(&mu_);
+  bool queued;
+  if (open_line_ == owner) {
+    queued = QueueWorkerText(text);
+  } else {
+    CloseOpenLine();
+    queued = QueueWorkerText(absl::StrCat(prefix, text));
+  }
+  // A dropped piece leaves no line open: what follows starts afresh.
+  open_line_ = queued && !absl::EndsWith(text, "\n") ? owner : nullptr;
+}
+
+void Console::EndPiece(const void* owner) {
+  absl::MutexLock lock(&mu_);
+  if (open_line_ == owner) CloseOpenLine();
 }
 
 void Console::WriteAgentLine(absl::string_view line) {
   absl::MutexLock lock(&mu_);
+  CloseOpenLine();
   if (!gone_) queue_.append(line.data(), line.size());
 }
 
@@ -108,6 +141,7 @@ void Console::WriteLoop() {
     written_ += static_cast<uint64_t>(n);
     // Caught up: say what was lost, once.
     if (unreported_drops_ > 0 && queue_.size() < limit_ / 2) {
+      CloseOpenLine();
       absl::StrAppend(&queue_, "ctrun: ", unreported_drops_,
                       " lines of worker output were dropped: the console did "
                       "not keep up (--tee or --redirects keep every line in "

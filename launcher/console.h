@@ -38,6 +38,18 @@ class Console {
   // Queues one whole line of a worker's output (with its newline), or drops
   // it when `limit` bytes are waiting already.
   void WriteWorkerLine(absl::string_view line);
+
+  // Partial lines (a prompt, a progress bar) shown before their newline
+  // comes. The console remembers whose line is open: any other line ends it
+  // first (with a newline), and only its owner continues it.
+  //
+  // Shows `text` of `owner`'s line: after `prefix` unless it continues the
+  // line `owner` has open. `text` ending in a newline closes the line.
+  // Dropped, like a whole line, when the console is full.
+  void WriteWorkerPiece(const void* owner, absl::string_view prefix,
+                        absl::string_view text);
+  // Ends `owner`'s open line, if it has one (its stream ended).
+  void EndPiece(const void* owner);
   // Queues one of the agent's own lines; never dropped.
   void WriteAgentLine(absl::string_view line);
   // Waits until everything queued is written, or `timeout` passed; returns
@@ -54,6 +66,12 @@ class Console {
 
  private:
   void WriteLoop();
+  // Queues `text` of a worker unless the console is full (then counted);
+  // returns whether it did.
+  bool QueueWorkerText(absl::string_view text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the open partial line, if any, so that other text starts afresh.
+  void CloseOpenLine() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const int fd_;
@@ -65,6 +83,8 @@ class Console {
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // bytes, ever
   uint64_t unreported_drops_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Whose partial line the console shows last, still without its newline.
+  const void* open_line_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The console cannot be written (closed, or abandoned at exit).
   bool gone_ ABSL_GUARDED_BY(mu_) = false;
 

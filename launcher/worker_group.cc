@@ -145,11 +145,28 @@ void WorkerGroup::Abandon() {
   for (Worker& w : workers_) w.alive = false;
 }
 
-void WorkerGroup::OnReadable(int fd) { Read(fd, kReadBudget); }
+void WorkerGroup::OnReadable(int fd, absl::Time now) {
+  Read(fd, kReadBudget, now);
+}
 
-void WorkerGroup::OnHangup(int fd) { Read(fd, 0); }
+void WorkerGroup::OnHangup(int fd) { Read(fd, 0, absl::InfinitePast()); }
 
-void WorkerGroup::Read(int fd, size_t budget) {
+absl::Time WorkerGroup::PartialDue() const {
+  absl::Time due = absl::InfiniteFuture();
+  for (const Worker& w : workers_) {
+    due = std::min({due, w.out->PartialDue(), w.err->PartialDue()});
+  }
+  return due;
+}
+
+void WorkerGroup::ShowPartials(absl::Time now) {
+  for (Worker& w : workers_) {
+    w.out->ShowPartial(now);
+    w.err->ShowPartial(now);
+  }
+}
+
+void WorkerGroup::Read(int fd, size_t budget, absl::Time now) {
   auto it = pipes_.find(fd);
   if (it == pipes_.end()) return;
   Worker& w = workers_[it->second.first];
@@ -159,7 +176,7 @@ void WorkerGroup::Read(int fd, size_t budget) {
   while (budget == 0 || total < budget) {
     const ssize_t n = read(fd, buffer, sizeof buffer);
     if (n > 0) {
-      sink.Append(absl::string_view(buffer, static_cast<size_t>(n)));
+      sink.Append(absl::string_view(buffer, static_cast<size_t>(n)), now);
       total += static_cast<size_t>(n);
       if (sink.Unread()) break;
       continue;
@@ -188,7 +205,7 @@ void WorkerGroup::Collect() {
   // something that outlived its worker.
   std::vector<int> fds;
   for (const auto& [fd, owner] : pipes_) fds.push_back(fd);
-  for (int fd : fds) Read(fd, 0);
+  for (int fd : fds) Read(fd, 0, absl::InfinitePast());
   fds.clear();
   for (const auto& [fd, owner] : pipes_) fds.push_back(fd);
   for (int fd : fds) ClosePipe(fd);

@@ -76,8 +76,13 @@ class WorkerGroup {
 
   // For the loop's epoll events on a pipe.
   bool Owns(int fd) const { return pipes_.contains(fd); }
-  void OnReadable(int fd);
+  void OnReadable(int fd, absl::Time now);
   void OnHangup(int fd);
+
+  // When a worker's line without its newline is next due to be shown in
+  // part (WorkerOutput::kPartialAfter), and showing what is due at `now`.
+  absl::Time PartialDue() const;
+  void ShowPartials(absl::Time now);
 
  private:
   struct Worker {
@@ -90,7 +95,7 @@ class WorkerGroup {
 
   void AddPipe(int fd, size_t worker, int stream);
   // Reads up to `budget` bytes of `fd` (all there is when 0).
-  void Read(int fd, size_t budget);
+  void Read(int fd, size_t budget, absl::Time now);
   void ClosePipe(int fd);
   std::unique_ptr<WorkerOutput> MakeOutput(int local_rank, int rank,
                                            int group_rank, int stream,

@@ -50,16 +50,11 @@ WorkerOutput::WorkerOutput(std::string prefix, Console* console, int file_fd)
     : prefix_(std::move(prefix)), console_(console), file_fd_(file_fd) {}
 
 WorkerOutput::~WorkerOutput() {
+  if (console_ != nullptr) console_->EndPiece(this);
   if (file_fd_ >= 0) close(file_fd_);
 }
 
-WorkerOutput::WorkerOutput(WorkerOutput&& other) noexcept
-    : prefix_(std::move(other.prefix_)),
-      console_(other.console_),
-      file_fd_(std::exchange(other.file_fd_, -1)),
-      partial_(std::move(other.partial_)) {}
-
-void WorkerOutput::Append(absl::string_view bytes) {
+void WorkerOutput::Append(absl::string_view bytes, absl::Time now) {
   if (file_fd_ >= 0) WriteAll(file_fd_, bytes);
   if (console_ == nullptr) return;
   while (!bytes.empty()) {
@@ -69,31 +64,59 @@ void WorkerOutput::Append(absl::string_view bytes) {
       const size_t room = kMaxLine - partial_.size();
       partial_.append(piece.data(), std::min(room, piece.size()));
       if (piece.size() > room) {
-        Show(partial_, file_fd_ >= 0
-                           ? " [ctrun: cut at 1 MiB; the whole line is in "
-                             "the log file]"
-                           : " [ctrun: cut at 1 MiB; --tee keeps whole lines "
-                             "in --log_dir]");
-        partial_.clear();
+        ShowRest(file_fd_ >= 0
+                     ? " [ctrun: cut at 1 MiB; the whole line is in the log "
+                       "file]"
+                     : " [ctrun: cut at 1 MiB; --tee keeps whole lines in "
+                       "--log_dir]");
         cut_ = true;
       }
     }
-    if (nl == absl::string_view::npos) return;
-    if (!cut_) Show(partial_);
-    partial_.clear();
+    if (nl == absl::string_view::npos) break;
+    if (!cut_) ShowRest();
     cut_ = false;
     bytes.remove_prefix(nl + 1);
+  }
+  if (partial_.size() > shown_ && waiting_since_ == absl::InfiniteFuture()) {
+    waiting_since_ = now;
   }
 }
 
 void WorkerOutput::Finish() {
-  if (console_ != nullptr && !partial_.empty() && !cut_) Show(partial_);
+  if (console_ != nullptr && !cut_ &&
+      (partial_.size() > shown_ || shown_ > 0)) {
+    ShowRest();
+  }
   partial_.clear();
+  shown_ = 0;
   cut_ = false;
 }
 
-void WorkerOutput::Show(absl::string_view line, absl::string_view suffix) {
-  console_->WriteWorkerLine(absl::StrCat(prefix_, line, suffix, "\n"));
+absl::Time WorkerOutput::PartialDue() const {
+  return waiting_since_ == absl::InfiniteFuture()
+             ? absl::InfiniteFuture()
+             : waiting_since_ + kPartialAfter;
+}
+
+void WorkerOutput::ShowPartial(absl::Time now) {
+  if (console_ == nullptr || cut_ || now < PartialDue()) return;
+  console_->WriteWorkerPiece(this, prefix_,
+                             absl::string_view(partial_).substr(shown_));
+  shown_ = partial_.size();
+  waiting_since_ = absl::InfiniteFuture();
+}
+
+void WorkerOutput::ShowRest(absl::string_view suffix) {
+  if (shown_ > 0) {
+    console_->WriteWorkerPiece(
+        this, prefix_,
+        absl::StrCat(absl::string_view(partial_).substr(shown_), suffix, "\n"));
+  } else {
+    console_->WriteWorkerLine(absl::StrCat(prefix_, partial_, suffix, "\n"));
+  }
+  partial_.clear();
+  shown_ = 0;
+  waiting_since_ = absl::InfiniteFuture();
 }
 
 }  // namespace ctrun

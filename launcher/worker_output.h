@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "launcher/console.h"
 
 namespace ctrun {
@@ -23,15 +24,26 @@ class WorkerOutput {
   // ownership of `file_fd`.
   WorkerOutput(std::string prefix, Console* console, int file_fd);
   ~WorkerOutput();
-  WorkerOutput(WorkerOutput&& other) noexcept;
-  WorkerOutput& operator=(WorkerOutput&&) = delete;
+  // Not movable: the console knows an open line by its WorkerOutput.
   WorkerOutput(const WorkerOutput&) = delete;
+  WorkerOutput& operator=(const WorkerOutput&) = delete;
 
   // Writes `bytes` to the log file, and every line they complete (with what
-  // was buffered before) to the console.
-  void Append(absl::string_view bytes);
+  // was buffered before) to the console. `now`: when they were read.
+  void Append(absl::string_view bytes, absl::Time now);
   // Shows what is left without a newline (the stream ended).
   void Finish();
+
+  // A line without its newline yet (a prompt, a progress bar) is shown as
+  // far as it goes once the worker has been quiet this long; the rest
+  // follows as it comes, and the line stays one line unless another
+  // worker's line comes between (then it goes on after its prefix).
+  static constexpr absl::Duration kPartialAfter = absl::Milliseconds(100);
+  // When the line being read is due to be shown in part; InfiniteFuture
+  // when nothing is waiting.
+  absl::Time PartialDue() const;
+  // Shows the waiting part of the line if it is due at `now`.
+  void ShowPartial(absl::Time now);
   // Whether nothing keeps this stream any more: no log file, and a console
   // that went away. Its pipe is then closed, so that the worker gets EPIPE
   // as it would writing to that console itself (as under torchrun).
@@ -45,13 +57,17 @@ class WorkerOutput {
   static constexpr size_t kMaxLine = 1 << 20;
 
  private:
-  void Show(absl::string_view line, absl::string_view suffix = "");
+  // Shows the line being read (what is not shown yet) with `suffix` and
+  // its newline, and starts the next.
+  void ShowRest(absl::string_view suffix = "");
 
   std::string prefix_;
   Console* console_;
   int file_fd_;
   std::string partial_;  // of the line being read, up to kMaxLine
-  bool cut_ = false;     // the line being read was cut: skip to its end
+  size_t shown_ = 0;     // bytes of partial_ shown already
+  absl::Time waiting_since_ = absl::InfiniteFuture();  // unshown bytes came
+  bool cut_ = false;  // the line being read was cut: skip to its end
 };
 
 }  // namespace ctrun

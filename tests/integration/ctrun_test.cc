@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "rendezvous/endpoint.h"
@@ -567,6 +568,31 @@ TEST_CASE("A file limit too low for the workers is raised or named",
         "ctrun: --nproc_per_node=200 needs about 1056 open files, but ulimit "
         "-n allows 100 (at most 300 without privileges); raise the limit or "
         "run fewer workers per node\n");
+}
+
+TEST_CASE("A prompt without a newline shows while the worker waits",
+          "[ctrun][integration]") {
+  const std::string out = std::filesystem::temp_directory_path() /
+                          ("ctrun-prompt-" + std::to_string(getpid()));
+  ChildProcess c({"/bin/sh", "-c",
+                  absl::StrCat(CtrunPath(),
+                               " /bin/sh -c 'printf \"Continue? \"; sleep 3; "
+                               "echo yes' > ",
+                               out)});
+  auto slurp = [&out] {
+    std::ifstream in(out);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (slurp().find("Continue? ") == std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CHECK(absl::StrContains(slurp(), "]: Continue? "));
+  CHECK_FALSE(absl::StrContains(slurp(), "yes"));
+  REQUIRE(c.Wait(kWait) == 0);
+  CHECK(absl::EndsWith(slurp(), "]: Continue? yes\n"));
+  std::filesystem::remove(out);
 }
 
 TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {

@@ -483,15 +483,17 @@ struct Captured {
   }
 };
 
+const absl::Time kT0 = absl::UnixEpoch();
+
 TEST_CASE("Worker output is emitted in whole prefixed lines",
           "[launcher][unit]") {
   Captured console;
   {
     Console sink(console.fds[1]);
     WorkerOutput out("[h:3]: ", &sink, -1);
-    out.Append("hel");
-    out.Append("lo\nwor");
-    out.Append("ld\n\nlast");
+    out.Append("hel", kT0);
+    out.Append("lo\nwor", kT0);
+    out.Append("ld\n\nlast", kT0);
     out.Finish();
   }
   CHECK(console.Read() == "[h:3]: hello\n[h:3]: world\n[h:3]: \n[h:3]: last\n");
@@ -502,7 +504,7 @@ TEST_CASE("Worker output goes to its log file without the prefix",
   Captured file;
   {
     WorkerOutput out("[p]: ", nullptr, dup(file.fds[1]));
-    out.Append("a\nb\n");
+    out.Append("a\nb\n", kT0);
   }
   CHECK(file.Read() == "a\nb\n");
 }
@@ -527,6 +529,38 @@ struct ScratchFile {
   }
 };
 
+TEST_CASE("A line without its newline is shown once the worker is quiet",
+          "[launcher][unit]") {
+  ScratchFile console;
+  const absl::Duration wait = WorkerOutput::kPartialAfter;
+  {
+    Console sink(console.fd);
+    WorkerOutput a("[a]: ", &sink, -1), b("[b]: ", &sink, -1);
+    a.Append("Password: ", kT0);
+    CHECK(a.PartialDue() == kT0 + wait);
+    a.ShowPartial(kT0 + wait / 2);  // not quiet long enough yet
+    a.ShowPartial(kT0 + wait);      // "[a]: Password: " shown, line open
+    CHECK(a.PartialDue() == absl::InfiniteFuture());
+    a.Append("secret\n", kT0 + wait);  // the same line goes on
+    // A progress bar, and another worker's line in between.
+    a.Append("\r 10%", kT0 + 2 * wait);
+    a.ShowPartial(kT0 + 3 * wait);
+    b.Append("b's line\n", kT0 + 3 * wait);
+    a.Append("\r 20%\n", kT0 + 4 * wait);
+    // A stream that ends in the middle of a line.
+    b.Append("bye", kT0 + 4 * wait);
+    b.ShowPartial(kT0 + 5 * wait);
+    b.Finish();
+    REQUIRE(sink.Flush(absl::Seconds(5)));
+  }
+  CHECK(console.Read() ==
+        "[a]: Password: secret\n"
+        "[a]: \r 10%\n"
+        "[b]: b's line\n"
+        "[a]: \r 20%\n"
+        "[b]: bye\n");
+}
+
 TEST_CASE("Long lines stay whole up to the bound; log files stay verbatim",
           "[launcher][unit]") {
   const std::string whole(WorkerOutput::kMaxLine, 'w');
@@ -538,7 +572,7 @@ TEST_CASE("Long lines stay whole up to the bound; log files stay verbatim",
     // Delivered in odd pieces, as pipes do.
     const std::string all = whole + "\n" + longer + "\nend";
     for (size_t i = 0; i < all.size(); i += 4093) {
-      out.Append(absl::string_view(all).substr(i, 4093));
+      out.Append(absl::string_view(all).substr(i, 4093), kT0);
     }
     out.Finish();
     REQUIRE(sink.Flush(absl::Seconds(10)));
