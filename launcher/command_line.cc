@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "ctrun/environment.h"
 #include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
@@ -42,92 +43,90 @@ struct FlagSpec {
 constexpr char kDefaultSignals[] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 constexpr char kDefaultPrefix[] = "[${host}:${rank}]: ";
 
-const std::vector<FlagSpec>& Flags() {
-  static const std::vector<FlagSpec> flags = {
-      {"nnodes", 0, Kind::kValue, "1:1", "N|MIN:MAX",
-       "number of nodes, or the range an elastic job may use"},
-      {"nproc_per_node", 0, Kind::kValue, "1", "N|gpu|cpu|auto",
-       "workers on this node: a count, one per visible GPU, one per CPU, or "
-       "GPUs if any else CPUs"},
-      {"rdzv_backend", 0, Kind::kValue, "static", "static|c10d|ctrun",
-       "rendezvous backend"},
-      {"rdzv_endpoint", 0, Kind::kValue, "", "HOST[:PORT]",
-       "where the rendezvous is served (default port 29400)"},
-      {"rdzv_id", 0, Kind::kValue, "none", "ID",
-       "the job's id, the same on all its nodes (one node: a fresh one when "
-       "none)"},
-      {"rdzv_conf", 0, Kind::kValue, "", "KEY=VALUE,...",
-       "join_timeout, last_call_timeout, heartbeat_timeout, "
-       "keep_alive_interval, reconnect_timeout (seconds); is_host=0|1; "
-       "token_file, tls_ca, "
-       "tls_cert, tls_key (paths)"},
-      {"standalone", 0, Kind::kBool, "0", "",
-       "one node: host the rendezvous in this process on a free loopback "
-       "port with a fresh token"},
-      {"max_restarts", 0, Kind::kValue, "0", "N",
-       "restarts of all workers allowed after worker failures"},
-      {"monitor_interval", 0, Kind::kValue, "0.1", "SECONDS",
-       "accepted for torchrun compatibility",
-       "ctrun reacts to worker exits at once, without polling"},
-      {"start_method", 0, Kind::kValue, "spawn", "spawn|fork|forkserver",
-       "accepted for torchrun compatibility",
-       "workers are always separate processes started with exec, like "
-       "torchrun's spawn"},
-      {"role", 0, Kind::kValue, "default", "NAME", "the workers' ROLE_NAME"},
-      {"module", 'm', Kind::kBool, "0", "",
-       "run ENTRYPOINT as a Python module (python -m)"},
-      {"no_python", 0, Kind::kBool, "0", "",
-       "execute ENTRYPOINT directly, even if it ends in .py"},
-      {"run_path", 0, Kind::kBool, "0", "",
-       "accepted for torchrun compatibility",
-       "ctrun has no interpreter of its own: the script runs under Python "
-       "as usual"},
-      {"log_dir", 0, Kind::kValue, "", "DIR",
-       "keep each worker's stdout, stderr and error file under "
-       "DIR/RUN_ID_XXXXXX/attempt_N/LOCAL_RANK/"},
-      {"redirects", 'r', Kind::kValue, "0", "STD|LR:STD,...",
-       "send workers' streams to log files only: 1 stdout, 2 stderr, 3 both"},
-      {"tee", 't', Kind::kValue, "0", "STD|LR:STD,...",
-       "copy workers' streams to log files as well as the console"},
-      {"local_ranks_filter", 0, Kind::kValue, "", "LR,...",
-       "show only these local ranks' output on the console"},
-      {"node_rank", 0, Kind::kValue, "0", "N",
-       "this node's rank (static rendezvous)"},
-      {"master_addr", 0, Kind::kValue, "127.0.0.1", "HOST",
-       "MASTER_ADDR for a static rendezvous"},
-      {"master_port", 0, Kind::kValue, "", "PORT",
-       "fix MASTER_PORT (default: a port free on group rank 0's node; "
-       "torchrun's is 29500)"},
-      {"local_addr", 0, Kind::kValue, "", "ADDR",
-       "the address other nodes reach this one by"},
-      {"logs_specs", 0, Kind::kValue, "", "NAME",
-       "accepted for torchrun compatibility",
-       "log layout plugins are Python classes; use --log_dir"},
-      {"numa_binding", 0, Kind::kValue, "",
-       "node|socket|exclusive|core-complex",
-       "accepted for torchrun compatibility",
-       "NUMA binding is not implemented; bind with numactl in the "
-       "entrypoint"},
-      {"event_log_handler", 0, Kind::kValue, "null", "NAME",
-       "accepted for torchrun compatibility",
-       "torchelastic's event handlers are Python plugins; ctrun logs its "
-       "events on stderr"},
-      {"virtual_local_rank", 0, Kind::kBool, "0", "",
-       "give each worker LOCAL_RANK=0 and only its own GPU in "
-       "CUDA_VISIBLE_DEVICES"},
-      {"signals_to_handle", 0, Kind::kValue, kDefaultSignals, "SIG,...",
-       "signals forwarded to the workers before ctrun stops; SIGUSR1 and "
-       "SIGUSR2 are always forwarded"},
-      {"shutdown_timeout", 0, Kind::kValue, "30", "SECONDS",
-       "how long stopped workers get before SIGKILL"},
-      {"log_line_prefix_template", 0, Kind::kValue, kDefaultPrefix, "TEMPLATE",
-       "prefix of every worker line: ${host} ${rank} ${local_rank} "
-       "${group_rank} ${role_name}; empty for none"},
-      {"dry_run", 0, Kind::kBool, "0", "",
-       "print the launch plan with each value's source, start nothing"},
-  };
-  return flags;
-}
+// Every flag, in the order --help lists them.
+constexpr FlagSpec kFlags[] = {
+    {"nnodes", 0, Kind::kValue, "1:1", "N|MIN:MAX",
+     "number of nodes, or the range an elastic job may use"},
+    {"nproc_per_node", 0, Kind::kValue, "1", "N|gpu|cpu|auto",
+     "workers on this node: a count, one per visible GPU, one per CPU, or "
+     "GPUs if any else CPUs"},
+    {"rdzv_backend", 0, Kind::kValue, "static", "static|c10d|ctrun",
+     "rendezvous backend"},
+    {"rdzv_endpoint", 0, Kind::kValue, "", "HOST[:PORT]",
+     "where the rendezvous is served (default port 29400)"},
+    {"rdzv_id", 0, Kind::kValue, "none", "ID",
+     "the job's id, the same on all its nodes (one node: a fresh one when "
+     "none)"},
+    {"rdzv_conf", 0, Kind::kValue, "", "KEY=VALUE,...",
+     "join_timeout, last_call_timeout, heartbeat_timeout, "
+     "keep_alive_interval, reconnect_timeout (seconds); is_host=0|1; "
+     "token_file, tls_ca, "
+     "tls_cert, tls_key (paths)"},
+    {"standalone", 0, Kind::kBool, "0", "",
+     "one node: host the rendezvous in this process on a free loopback "
+     "port with a fresh token"},
+    {"max_restarts", 0, Kind::kValue, "0", "N",
+     "restarts of all workers allowed after worker failures"},
+    {"monitor_interval", 0, Kind::kValue, "0.1", "SECONDS",
+     "accepted for torchrun compatibility",
+     "ctrun reacts to worker exits at once, without polling"},
+    {"start_method", 0, Kind::kValue, "spawn", "spawn|fork|forkserver",
+     "accepted for torchrun compatibility",
+     "workers are always separate processes started with exec, like "
+     "torchrun's spawn"},
+    {"role", 0, Kind::kValue, "default", "NAME", "the workers' ROLE_NAME"},
+    {"module", 'm', Kind::kBool, "0", "",
+     "run ENTRYPOINT as a Python module (python -m)"},
+    {"no_python", 0, Kind::kBool, "0", "",
+     "execute ENTRYPOINT directly, even if it ends in .py"},
+    {"run_path", 0, Kind::kBool, "0", "", "accepted for torchrun compatibility",
+     "ctrun has no interpreter of its own: the script runs under Python "
+     "as usual"},
+    {"log_dir", 0, Kind::kValue, "", "DIR",
+     "keep each worker's stdout, stderr and error file under "
+     "DIR/RUN_ID_XXXXXX/attempt_N/LOCAL_RANK/"},
+    {"redirects", 'r', Kind::kValue, "0", "STD|LR:STD,...",
+     "send workers' streams to log files only: 1 stdout, 2 stderr, 3 both"},
+    {"tee", 't', Kind::kValue, "0", "STD|LR:STD,...",
+     "copy workers' streams to log files as well as the console"},
+    {"local_ranks_filter", 0, Kind::kValue, "", "LR,...",
+     "show only these local ranks' output on the console"},
+    {"node_rank", 0, Kind::kValue, "0", "N",
+     "this node's rank (static rendezvous)"},
+    {"master_addr", 0, Kind::kValue, "127.0.0.1", "HOST",
+     "MASTER_ADDR for a static rendezvous"},
+    {"master_port", 0, Kind::kValue, "", "PORT",
+     "fix MASTER_PORT (default: a port free on group rank 0's node; "
+     "torchrun's is 29500)"},
+    {"local_addr", 0, Kind::kValue, "", "ADDR",
+     "the address other nodes reach this one by"},
+    {"logs_specs", 0, Kind::kValue, "", "NAME",
+     "accepted for torchrun compatibility",
+     "log layout plugins are Python classes; use --log_dir"},
+    {"numa_binding", 0, Kind::kValue, "", "node|socket|exclusive|core-complex",
+     "accepted for torchrun compatibility",
+     "NUMA binding is not implemented; bind with numactl in the "
+     "entrypoint"},
+    {"event_log_handler", 0, Kind::kValue, "null", "NAME",
+     "accepted for torchrun compatibility",
+     "torchelastic's event handlers are Python plugins; ctrun logs its "
+     "events on stderr"},
+    {"virtual_local_rank", 0, Kind::kBool, "0", "",
+     "give each worker LOCAL_RANK=0 and only its own GPU in "
+     "CUDA_VISIBLE_DEVICES"},
+    {"signals_to_handle", 0, Kind::kValue, kDefaultSignals, "SIG,...",
+     "signals forwarded to the workers before ctrun stops; SIGUSR1 and "
+     "SIGUSR2 are always forwarded"},
+    {"shutdown_timeout", 0, Kind::kValue, "30", "SECONDS",
+     "how long stopped workers get before SIGKILL"},
+    {"log_line_prefix_template", 0, Kind::kValue, kDefaultPrefix, "TEMPLATE",
+     "prefix of every worker line: ${host} ${rank} ${local_rank} "
+     "${group_rank} ${role_name}; empty for none"},
+    {"dry_run", 0, Kind::kBool, "0", "",
+     "print the launch plan with each value's source, start nothing"},
+};
+
+absl::Span<const FlagSpec> Flags() { return kFlags; }
 
 // Edits (insertions, deletions, substitutions) that turn `a` into `b`.
 size_t EditDistance(absl::string_view a, absl::string_view b) {
