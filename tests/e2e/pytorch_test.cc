@@ -3,6 +3,7 @@
 // torchrun's.
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
+#include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "rendezvous/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 
@@ -136,6 +138,35 @@ std::map<std::string, std::map<std::string, std::string>> DumpEnvs(
   }
   std::filesystem::remove_all(dir);
   return by_rank;
+}
+
+TEST_CASE("A port held by PyTorch's TCPStore is named as no ctrun rendezvous",
+          "[ctrun][e2e]") {
+  // A torchrun job's store (or a torchrun rendezvous) on the endpoint: a
+  // job cannot mix torchrun and ctrun nodes, and ctrun says so in seconds
+  // instead of waiting out the join timeout.
+  auto port = BindFreePort("127.0.0.1");
+  REQUIRE(port.ok());
+  ChildProcess store({"/usr/bin/python3", "-c",
+                      absl::StrCat("import time\n"
+                                   "from torch.distributed import TCPStore\n"
+                                   "s = TCPStore('127.0.0.1', ",
+                                   *port,
+                                   ", 1, True)\n"
+                                   "print('up', flush=True)\n"
+                                   "time.sleep(120)\n")});
+  REQUIRE(store.WaitForLine("up", kWait));
+  const absl::Time start = absl::Now();
+  ChildProcess agent({CtrunPath(), "--nnodes=2", "--rdzv_backend=c10d",
+                      absl::StrCat("--rdzv_endpoint=127.0.0.1:", *port),
+                      "--rdzv_id=mixed", "/bin/true"});
+  CHECK(agent.Wait(absl::Seconds(30)) == 1);
+  CHECK(absl::Now() - start < absl::Seconds(15));
+  CHECK(agent.Stderr().find("is it a ctrun rendezvous (a ctrund or a ctrun "
+                            "agent: a job cannot mix torchrun and ctrun "
+                            "nodes)") != std::string::npos);
+  store.Signal(SIGKILL);
+  store.Wait(kWait);
 }
 
 TEST_CASE("Workers see the same variables under ctrun and torchrun",
