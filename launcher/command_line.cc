@@ -91,6 +91,11 @@ constexpr FlagSpec kFlags[] = {
      "copy workers' streams to log files as well as the console"},
     {"local_ranks_filter", 0, Kind::kValue, "", "LR,...",
      "show only these local ranks' output on the console"},
+    {"duplicate_stdout_filters", 0, Kind::kValue, "", "TEXT,...",
+     "also write the stdout lines of every local rank that contain one of "
+     "these to attempt_N/filtered_stdout.log in the run directory"},
+    {"duplicate_stderr_filters", 0, Kind::kValue, "", "TEXT,...",
+     "the same for stderr, to attempt_N/filtered_stderr.log"},
     {"node_rank", 0, Kind::kValue, "0", "N",
      "this node's rank (static rendezvous)"},
     {"master_addr", 0, Kind::kValue, "127.0.0.1", "HOST",
@@ -731,6 +736,11 @@ absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
     o.local_ranks_filter = ranks;
   }
   o.log_line_prefix_template = raw.at("log_line_prefix_template").text;
+  for (auto [name, out] :
+       {std::pair{"duplicate_stdout_filters", &o.duplicate_filters[0]},
+        std::pair{"duplicate_stderr_filters", &o.duplicate_filters[1]}}) {
+    *out = absl::StrSplit(raw.at(name).text, ',', absl::SkipEmpty());
+  }
   return ConvertBool(raw, "dry_run", &o.dry_run);
 }
 

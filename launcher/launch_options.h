@@ -91,6 +91,8 @@ struct LaunchOptions {
   StreamSelection redirects;
   StreamSelection tee;
   std::optional<std::vector<int>> local_ranks_filter;  // nullopt: all
+  // --duplicate_std{out,err}_filters: [0] stdout, [1] stderr; empty: none.
+  std::vector<std::string> duplicate_filters[2];
   std::string log_line_prefix_template;
 
   bool dry_run = false;

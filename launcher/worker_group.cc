@@ -23,6 +23,10 @@ WorkerGroup::WorkerGroup(WorkerGroupConfig config, int epoll_fd)
 
 WorkerGroup::~WorkerGroup() {
   for (const auto& [fd, owner] : pipes_) close(fd);
+  workers_.clear();  // their outputs write to the files below
+  for (const DuplicateFilter& d : duplicates_) {
+    if (d.fd >= 0) close(d.fd);
+  }
 }
 
 std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
@@ -51,8 +55,10 @@ std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
              O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
   Console* console = stream == 1 ? config_.out : config_.err;
+  const DuplicateFilter& duplicate = duplicates_[stream - 1];
   return std::make_unique<WorkerOutput>(
-      prefix, shown && !redirected ? console : nullptr, file);
+      prefix, shown && !redirected ? console : nullptr, file,
+      duplicate.fd >= 0 ? &duplicate : nullptr);
 }
 
 std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
@@ -62,6 +68,18 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
       absl::StrCat(config_.run_dir, "/attempt_", a.restart_count());
   std::error_code ec;
   std::filesystem::remove_all(attempt_dir, ec);
+  std::filesystem::create_directories(attempt_dir, ec);
+  for (int stream : {1, 2}) {
+    DuplicateFilter& d = duplicates_[stream - 1];
+    if (d.fd >= 0) close(d.fd);
+    d.fd = -1;
+    d.filters = o.duplicate_filters[stream - 1];
+    if (d.filters.empty()) continue;
+    d.fd = open(absl::StrCat(attempt_dir, stream == 1 ? "/filtered_stdout.log"
+                                                      : "/filtered_stderr.log")
+                    .c_str(),
+                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   std::vector<WorkerStart> started;
   for (int lr = 0; lr < o.local_world_size; ++lr) {
     const int rank = static_cast<int>(a.first_global_rank()) + lr;

@@ -103,6 +103,8 @@ class WorkerGroup {
 
   // Constant after construction.
   const WorkerGroupConfig config_;
+  // This attempt's filtered_std{out,err}.log, when filters are given.
+  DuplicateFilter duplicates_[2];
   const int epoll_fd_;
 
   std::vector<Worker> workers_;

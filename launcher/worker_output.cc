@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace ctrun {
@@ -46,8 +47,18 @@ std::string ExpandTemplate(const std::string& templ,
   return out;
 }
 
-WorkerOutput::WorkerOutput(std::string prefix, Console* console, int file_fd)
-    : prefix_(std::move(prefix)), console_(console), file_fd_(file_fd) {}
+bool DuplicateFilter::Matches(absl::string_view line) const {
+  return std::any_of(
+      filters.begin(), filters.end(),
+      [line](const std::string& f) { return absl::StrContains(line, f); });
+}
+
+WorkerOutput::WorkerOutput(std::string prefix, Console* console, int file_fd,
+                           const DuplicateFilter* duplicate)
+    : prefix_(std::move(prefix)),
+      console_(console),
+      file_fd_(file_fd),
+      duplicate_(duplicate) {}
 
 WorkerOutput::~WorkerOutput() {
   if (console_ != nullptr) console_->EndPiece(this);
@@ -56,7 +67,7 @@ WorkerOutput::~WorkerOutput() {
 
 void WorkerOutput::Append(absl::string_view bytes, absl::Time now) {
   if (file_fd_ >= 0) WriteAll(file_fd_, bytes);
-  if (console_ == nullptr) return;
+  if (!SplitsLines()) return;
   while (!bytes.empty()) {
     const size_t nl = bytes.find('\n');
     const absl::string_view piece = bytes.substr(0, nl);
@@ -77,16 +88,14 @@ void WorkerOutput::Append(absl::string_view bytes, absl::Time now) {
     cut_ = false;
     bytes.remove_prefix(nl + 1);
   }
-  if (partial_.size() > shown_ && waiting_since_ == absl::InfiniteFuture()) {
+  if (console_ != nullptr && partial_.size() > shown_ &&
+      waiting_since_ == absl::InfiniteFuture()) {
     waiting_since_ = now;
   }
 }
 
 void WorkerOutput::Finish() {
-  if (console_ != nullptr && !cut_ &&
-      (partial_.size() > shown_ || shown_ > 0)) {
-    ShowRest();
-  }
+  if (SplitsLines() && !cut_ && !partial_.empty()) ShowRest();
   partial_.clear();
   shown_ = 0;
   cut_ = false;
@@ -107,7 +116,12 @@ void WorkerOutput::ShowPartial(absl::Time now) {
 }
 
 void WorkerOutput::ShowRest(absl::string_view suffix) {
-  if (shown_ > 0) {
+  if (duplicate_ != nullptr && duplicate_->Matches(partial_)) {
+    WriteAll(duplicate_->fd, absl::StrCat(prefix_, partial_, suffix, "\n"));
+  }
+  if (console_ == nullptr) {
+    // Only the duplicate file wanted the line.
+  } else if (shown_ > 0) {
     console_->WriteWorkerPiece(
         this, prefix_,
         absl::StrCat(absl::string_view(partial_).substr(shown_), suffix, "\n"));

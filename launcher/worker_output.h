@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -18,11 +19,23 @@ namespace ctrun {
 std::string ExpandTemplate(const std::string& templ,
                            const std::map<std::string, std::string>& vars);
 
+// torchrun's --duplicate-std{out,err}-filters: the lines of every local
+// rank that contain one of `filters` are also written, prefixed, to one
+// file of the attempt (filtered_stdout.log, filtered_stderr.log).
+struct DuplicateFilter {
+  std::vector<std::string> filters;
+  int fd = -1;  // owned by whoever made it; outlives the WorkerOutputs
+
+  bool Matches(absl::string_view line) const;
+};
+
 class WorkerOutput {
  public:
   // `console` null: not shown (not owned); `file_fd` < 0: not kept. Takes
-  // ownership of `file_fd`.
-  WorkerOutput(std::string prefix, Console* console, int file_fd);
+  // ownership of `file_fd`. `duplicate` (optional, not owned) receives the
+  // lines it matches.
+  WorkerOutput(std::string prefix, Console* console, int file_fd,
+               const DuplicateFilter* duplicate = nullptr);
   ~WorkerOutput();
   // Not movable: the console knows an open line by its WorkerOutput.
   WorkerOutput(const WorkerOutput&) = delete;
@@ -61,9 +74,15 @@ class WorkerOutput {
   // its newline, and starts the next.
   void ShowRest(absl::string_view suffix = "");
 
+  // Whether lines are cut out of the stream at all.
+  bool SplitsLines() const {
+    return console_ != nullptr || duplicate_ != nullptr;
+  }
+
   std::string prefix_;
   Console* console_;
   int file_fd_;
+  const DuplicateFilter* duplicate_;
   std::string partial_;  // of the line being read, up to kMaxLine
   size_t shown_ = 0;     // bytes of partial_ shown already
   absl::Time waiting_since_ = absl::InfiniteFuture();  // unshown bytes came

@@ -595,6 +595,35 @@ TEST_CASE("A prompt without a newline shows while the worker waits",
   std::filesystem::remove(out);
 }
 
+TEST_CASE("Duplicate filters gather matching lines of every rank in a file",
+          "[ctrun][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-filters-" + std::to_string(getpid()));
+  auto c = Ctrun({"--nproc_per_node=2", "--rdzv_id=filtered", "--log_dir", dir,
+                  "--duplicate-stdout-filters=loss,acc",
+                  "--duplicate-stderr-filters=WARN"},
+                 "echo step $RANK; echo loss $RANK; echo acc $RANK; "
+                 "echo WARN $RANK >&2; echo quiet >&2");
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  // The console is as without filters.
+  CHECK(absl::StrContains(out, "R0| step 0\n"));
+  const auto runs = RunDirs(dir, "filtered");
+  REQUIRE(runs.size() == 1);
+  auto lines = [](const std::string& path) {
+    std::ifstream in(path);
+    std::multiset<std::string> all;
+    for (std::string line; std::getline(in, line);) all.insert(line);
+    return all;
+  };
+  CHECK(lines(runs[0] + "/attempt_0/filtered_stdout.log") ==
+        std::multiset<std::string>{"R0| loss 0", "R0| acc 0", "R1| loss 1",
+                                   "R1| acc 1"});
+  CHECK(lines(runs[0] + "/attempt_0/filtered_stderr.log") ==
+        std::multiset<std::string>{"R0| WARN 0", "R1| WARN 1"});
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("ctrun-tee-wins-" + std::to_string(getpid()));

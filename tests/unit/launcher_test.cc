@@ -561,6 +561,20 @@ TEST_CASE("A line without its newline is shown once the worker is quiet",
         "[b]: bye\n");
 }
 
+TEST_CASE("Duplicate filters get matching lines, shown or not",
+          "[launcher][unit]") {
+  ScratchFile filtered;
+  DuplicateFilter duplicate{{"loss", "acc"}, filtered.fd};
+  {
+    WorkerOutput hidden("[h]: ", nullptr, -1, &duplicate);
+    hidden.Append("step 1\nloss 0.5\nacc", kT0);
+    // Not shown anywhere, so nothing waits to be shown in part.
+    CHECK(hidden.PartialDue() == absl::InfiniteFuture());
+    hidden.Finish();
+  }
+  CHECK(filtered.Read() == "[h]: loss 0.5\n[h]: acc\n");
+}
+
 TEST_CASE("Long lines stay whole up to the bound; log files stay verbatim",
           "[launcher][unit]") {
   const std::string whole(WorkerOutput::kMaxLine, 'w');
