@@ -397,12 +397,15 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
     }
     return;
   }
+  std::string how =
+      e.stopped_on_terminal
+          ? absl::StrCat("stopped on ", SignalName(e.signal),
+                         " trying to use the terminal, which ctrun's workers "
+                         "cannot read (give it input another way); ended it")
+      : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
+                 : absl::StrCat("exited with code ", e.exit_code);
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
-                    ", pid ", it->pid, ") ",
-                    e.signal
-                        ? absl::StrCat("was killed by ", SignalName(e.signal))
-                        : absl::StrCat("exited with code ", e.exit_code),
-                    "; stopping the others"),
+                    ", pid ", it->pid, ") ", how, "; stopping the others"),
        effects);
   OnWorkerFailure(WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
                                       it->local_rank, e.exit_code, e.signal,

@@ -145,6 +145,9 @@ struct WorkerExit {
   int exit_code = 0;     // 0 when killed
   int signal = 0;        // the signal that killed it, or 0
   absl::Time wall_time;  // for the failure summary
+  // It stopped on SIGTTIN/SIGTTOU (`signal`) trying to use the terminal,
+  // which would hang the job for good; the worker group ended it.
+  bool stopped_on_terminal = false;
 };
 
 class AgentPolicy {

@@ -131,7 +131,7 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
   std::vector<WorkerExit> exits;
   int status = 0;
   pid_t pid;
-  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+  while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
     if (config_.watchdog && pid == config_.watchdog->pid()) {
       config_.err->WriteAgentLine(
           "ctrun: the watchdog process exited; workers may outlive a crash "
@@ -142,6 +142,11 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
                            [pid](const Worker& w) { return w.pid == pid; });
     // Anything else is an orphaned descendant (ctrun is a subreaper).
     if (it == workers_.end() || !it->alive) continue;
+    const bool on_terminal =
+        WIFSTOPPED(status) &&
+        (WSTOPSIG(status) == SIGTTIN || WSTOPSIG(status) == SIGTTOU);
+    // Stopped otherwise (SIGSTOP, a debugger): it may be continued.
+    if (WIFSTOPPED(status) && !on_terminal) continue;
     it->alive = false;
     // What the worker left running in its group goes with it.
     kill(-it->pid, SIGKILL);
@@ -149,7 +154,13 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
     WorkerExit e;
     e.local_rank = it->local_rank;
     e.wall_time = absl::Now();
-    if (WIFSIGNALED(status)) {
+    if (on_terminal) {
+      // A worker outside the terminal's foreground group would wait for it
+      // forever; it ends as a failure instead (SIGKILLed with its group
+      // above; its exit is reaped later and ignored).
+      e.signal = WSTOPSIG(status);
+      e.stopped_on_terminal = true;
+    } else if (WIFSIGNALED(status)) {
       e.signal = WTERMSIG(status);
     } else {
       e.exit_code = WEXITSTATUS(status);

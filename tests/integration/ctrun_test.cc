@@ -624,6 +624,20 @@ TEST_CASE("Duplicate filters gather matching lines of every rank in a file",
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("A worker stopped reading the terminal ends the job, not hangs it",
+          "[ctrun][integration]") {
+  // On a terminal (script gives ctrun a pseudo-terminal), a worker outside
+  // its foreground process group that reads it stops on SIGTTIN.
+  ChildProcess c({"/usr/bin/script", "-qec",
+                  absl::StrCat(CtrunPath(), " /bin/sh -c 'read x; echo got'"),
+                  "/dev/null"});
+  const std::string out = c.ReadAll(kWait);
+  CHECK(c.Wait(kWait) == 128 + SIGTTIN);
+  CHECK(absl::StrContains(out,
+                          "stopped on SIGTTIN trying to use the terminal, "
+                          "which ctrun's workers cannot read"));
+}
+
 TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("ctrun-tee-wins-" + std::to_string(getpid()));

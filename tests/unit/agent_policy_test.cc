@@ -450,6 +450,26 @@ TEST_CASE("A failed worker is reported and the others are stopped",
   CHECK(h.policy().phase() == Phase::kWaiting);
 }
 
+TEST_CASE("A worker stopped on the terminal is a failure, told as such",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  WorkerExit stopped{1, 0, SIGTTIN, absl::UnixEpoch(), true};
+  AgentEffects effects;
+  h.policy().OnWorkerExit(stopped, absl::UnixEpoch(), &effects);
+  bool told = false;
+  for (const auto& effect : effects) {
+    if (auto* say = std::get_if<e::Say>(&effect)) {
+      told |= say->line ==
+              "worker rank 5 (local 1, pid 101) stopped on SIGTTIN trying to "
+              "use the terminal, which ctrun's workers cannot read (give it "
+              "input another way); ended it; stopping the others";
+    }
+  }
+  CHECK(told);
+  CHECK(h.policy().phase() == Phase::kStopping);
+}
+
 TEST_CASE("A worker that cannot be started is a failure with code 127",
           "[agent][unit]") {
   Harness h;
