@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -202,8 +203,14 @@ std::string PetName(const FlagSpec& f) {
 }
 
 struct RawValue {
+  RawValue(std::string text = "", Source source = Source::kDefault,
+           std::string variable = "")
+      : text(std::move(text)),
+        source(source),
+        variable(std::move(variable)) {}
+
   std::string text;
-  Source source = Source::kDefault;
+  Source source;
   std::string variable;  // with kEnv: the variable that gave it
 };
 
