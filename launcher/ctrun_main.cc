@@ -188,18 +188,10 @@ absl::StatusOr<std::string> MakeRunDirectory(const LaunchOptions& options) {
 // Removes a temporary run directory unless a file in it has something to
 // say (an error file, a log): then it stays, and ctrun says where.
 void RemoveRunDirectory(const std::string& dir) {
-  std::error_code ec;
-  bool kept = false;
-  for (const auto& entry :
-       std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (entry.is_regular_file(ec) && entry.file_size(ec) > 0) kept = true;
-  }
-  if (kept) {
+  if (RemoveUnlessKept(dir)) {
     std::cerr << "ctrun: the workers' error files and logs are kept in " << dir
               << "\n";
-    return;
   }
-  std::filesystem::remove_all(dir, ec);
 }
 
 // The other nodes still talk to this rendezvous until they leave, unless this
@@ -306,8 +298,18 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   }
   const sigset_t signals = AgentSignals(options.signals_to_handle);
   PrepareProcess(signals);
+  auto run_dir = MakeRunDirectory(options);
+  if (!run_dir.ok()) {
+    return Fail(std::string(run_dir.status().message()),
+                absl::IsInvalidArgument(run_dir.status()) ? kUsageError : 1);
+  }
+  const bool temporary = options.log_dir.empty();
+  if (!temporary) {
+    std::cerr << "ctrun: this run's logs go to " << *run_dir << "\n";
+  }
   const std::string mark = ContainmentMark();
-  auto watchdog = Watchdog::Start(mark);
+  // The watchdog removes a temporary run directory even after kill -9.
+  auto watchdog = Watchdog::Start(mark, temporary ? *run_dir : "");
   if (!watchdog.ok()) return Fail(std::string(watchdog.status().message()), 1);
   auto credentials = ResolveCredentials(options, env, plan);
   if (!credentials.ok()) {
@@ -318,15 +320,6 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
     return Fail(std::string(rendezvous.status().message()),
                 absl::IsInvalidArgument(rendezvous.status()) ? kUsageError : 1);
   }
-  auto run_dir = MakeRunDirectory(options);
-  if (!run_dir.ok()) {
-    return Fail(std::string(run_dir.status().message()),
-                absl::IsInvalidArgument(run_dir.status()) ? kUsageError : 1);
-  }
-  const bool temporary = options.log_dir.empty();
-  if (!temporary)
-    std::cerr << "ctrun: this run's logs go to " << *run_dir << "\n";
-
   AgentConfig config;
   WorkerGroupConfig& w = config.workers;
   w.store = StoreAccess{rendezvous->endpoint,

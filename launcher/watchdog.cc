@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <utility>
 
@@ -19,7 +20,8 @@ namespace {
 
 // The watchdog's whole life: collect process groups, and kill those left
 // when the agent's end of the pipe closes, then every marked process.
-[[noreturn]] void RunWatchdog(int fd, const std::string& marked) {
+[[noreturn]] void RunWatchdog(int fd, const std::string& marked,
+                              const std::string& temporary_dir) {
   // Terminal signals reach the agent's process group, this one included;
   // the watchdog must outlive the agent, so it ignores them.
   for (int sig :
@@ -47,12 +49,26 @@ namespace {
     for (pid_t pid : left) kill(pid, SIGKILL);
     usleep(20'000);
   }
+  // An agent that exited normally removed it already, or kept it for a
+  // reason; one that was killed could not.
+  if (!temporary_dir.empty()) RemoveUnlessKept(temporary_dir);
   _exit(0);
 }
 
 }  // namespace
 
-absl::StatusOr<Watchdog> Watchdog::Start(const std::string& mark) {
+bool RemoveUnlessKept(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec) && entry.file_size(ec) > 0) return true;
+  }
+  std::filesystem::remove_all(dir, ec);
+  return false;
+}
+
+absl::StatusOr<Watchdog> Watchdog::Start(const std::string& mark,
+                                         const std::string& temporary_dir) {
   // Prepared before the fork: the child only reads it.
   const std::string marked = absl::StrCat(env::kContainmentMark, "=", mark);
   int fds[2];
@@ -67,7 +83,7 @@ absl::StatusOr<Watchdog> Watchdog::Start(const std::string& mark) {
   }
   if (pid == 0) {
     close(fds[1]);
-    RunWatchdog(fds[0], marked);
+    RunWatchdog(fds[0], marked, temporary_dir);
   }
   close(fds[0]);
   return Watchdog(pid, fds[1]);

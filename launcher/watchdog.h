@@ -23,7 +23,10 @@ class Watchdog {
  public:
   // Forks the watchdog. Must run before the agent starts any thread.
   // `mark`: the kContainmentMark value the agent gives its workers.
-  static absl::StatusOr<Watchdog> Start(const std::string& mark);
+  // `temporary_dir` (optional): a run directory to remove after the agent,
+  // however it ended, unless it holds something (RemoveUnlessKept).
+  static absl::StatusOr<Watchdog> Start(const std::string& mark,
+                                        const std::string& temporary_dir = "");
 
   Watchdog(Watchdog&& other) noexcept;
   Watchdog& operator=(Watchdog&&) = delete;
@@ -40,6 +43,10 @@ class Watchdog {
   pid_t pid_ = -1;
   int fd_ = -1;
 };
+
+// Removes `dir` unless a file in it has something to say (an error file, a
+// log: any non-empty file); returns whether it was kept.
+bool RemoveUnlessKept(const std::string& dir);
 
 }  // namespace ctrun
 

@@ -166,8 +166,11 @@ TEST_CASE("Workers that ignore SIGTERM are killed after the shutdown timeout",
 
 TEST_CASE("kill -9 of ctrun leaves no worker or grandchild running",
           "[ctrun][integration]") {
-  auto c = Ctrun({"--nproc_per_node=2"},
-                 "sleep 300 & echo child=$! worker=$$; wait");
+  char tmp_template[] = "/tmp/ctrun-kill9-XXXXXX";
+  const std::string tmp = mkdtemp(tmp_template);
+  auto c =
+      Ctrun({"--nproc_per_node=2"}, "sleep 300 & echo child=$! worker=$$; wait",
+            {"TMPDIR=" + tmp});
   std::string seen;
   for (int i = 0; i < 2; ++i) {
     auto line = c->WaitForLine("child=", kWait);
@@ -182,6 +185,13 @@ TEST_CASE("kill -9 of ctrun leaves no worker or grandchild running",
   CHECK(c->Wait(kWait) == 128 + SIGKILL);
   CHECK(AllGoneWithin(workers, absl::Seconds(5)));
   CHECK(AllGoneWithin(children, absl::Seconds(5)));
+  // Nor its empty run directory: the watchdog removes it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!std::filesystem::is_empty(tmp) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CHECK(std::filesystem::is_empty(tmp));
+  std::filesystem::remove_all(tmp);
 }
 
 TEST_CASE("Grandchildren that leave their worker's group end with the job",
