@@ -357,20 +357,20 @@ TEST_CASE("A second run under the same id is refused at once",
 
 TEST_CASE("A static node 0 whose rendezvous port is taken names it",
           "[ctrun][integration]") {
-  auto port = BindFreePort("127.0.0.1");
-  REQUIRE(port.ok());
-  const int taken = *port + 1;
-  // Hold --master_port+1 (if something else holds it, it is taken anyway).
+  // Hold a port the OS picks, and make it --master_port+1: held by this
+  // test for sure (a port merely seen taken could be freed meanwhile).
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(taken));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  (void)!bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  listen(fd, 1);
+  socklen_t len = sizeof addr;
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(fd, 1) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int taken = ntohs(addr.sin_port);
   ChildProcess node0({CtrunPath(), "--nnodes=2", "--node_rank=0",
                       "--master_addr=127.0.0.1",
-                      absl::StrCat("--master_port=", *port), "/bin/true"});
+                      absl::StrCat("--master_port=", taken - 1), "/bin/true"});
   CHECK(node0.Wait(kWait) == 1);
   CHECK(node0.Stderr().find(absl::StrCat(
             "ctrun: cannot host the rendezvous (node rank 0 of a static "
