@@ -205,9 +205,7 @@ std::string PetName(const FlagSpec& f) {
 struct RawValue {
   RawValue(std::string text = "", Source source = Source::kDefault,
            std::string variable = "")
-      : text(std::move(text)),
-        source(source),
-        variable(std::move(variable)) {}
+      : text(std::move(text)), source(source), variable(std::move(variable)) {}
 
   std::string text;
   Source source;
