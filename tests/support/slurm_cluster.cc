@@ -194,6 +194,11 @@ void SlurmCluster::TearDown() {
   KillLeftovers();
   munged_.reset();
   RemoveHostsLines(hosts_marker_);
+  // Its configuration, spool and job scripts: nothing runs from it now.
+  if (!work_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(work_dir_, ec);
+  }
 }
 
 std::vector<std::string> SlurmCluster::Env() const {
