@@ -27,6 +27,7 @@ if [[ "${1:-}" == --sanitize=* ]]; then
   export CTRUN_BUILD_DIR=${CTRUN_BUILD_DIR:-$default_dir}
   # A report ends the process with an error, so the test fails.
   export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1:halt_on_error=1}
+  export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 fi
