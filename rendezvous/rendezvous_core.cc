@@ -135,6 +135,7 @@ namespace {
 
 constexpr size_t kMaxLostShown = 32;
 constexpr int kMaxNamesInProgress = 16;
+constexpr int kMaxOtherJobsInProgress = 4;
 constexpr size_t kMaxHostBytes = 255;
 constexpr int32_t kMaxLocalWorldSize = 65536;
 constexpr size_t kMaxFailureMessageBytes = 4096;
@@ -428,6 +429,7 @@ void RendezvousCore::AdmitToCollectingRound(Job& job, Node& node,
         now + absl::Milliseconds(job.settings.last_call_timeout_ms());
   }
   job.progress_due = true;
+  if (job.round == 0) RefreshOthersWaiting(job);
   v1::ServerMessage m;
   *m.mutable_progress() = MakeProgress(job, &node, now);
   effects->messages.emplace_back(node.session, std::move(m));
@@ -601,6 +603,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
       job.last_call_deadline = absl::InfiniteFuture();
     }
     job.progress_due = true;
+    if (job.round == 0) RefreshOthersWaiting(job);
     MaybeCloseRound(job, now, effects);
   }
 }
@@ -705,6 +708,7 @@ void RendezvousCore::CloseRound(Job& job, Effects* effects) {
     next_rank += node->join.local_world_size();
   }
   const Node& master = *members.front();
+  if (job.round == 0) RefreshOthersWaiting(job);
   job.phase = v1::JobStatus::RUNNING;
   job.world_size = next_rank;
   job.master_addr = master.join.address();
@@ -769,6 +773,7 @@ void RendezvousCore::FinishJob(Job& job, Effects* effects) {
 
 void RendezvousCore::ForgetJob(const std::string& job_id, Effects* effects) {
   auto it = jobs_.find(job_id);
+  RefreshOthersWaiting(*it->second);
   it->second->store.Reset(
       absl::AbortedError(absl::StrCat("job '", job_id, "' has no nodes left")),
       &effects->fired);
@@ -823,6 +828,17 @@ std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
 }
 
 void RendezvousCore::Tick(absl::Time now, Effects* effects) {
+  if (last_tick_ != absl::InfinitePast() && now - last_tick_ > kPausedAfter) {
+    // The service was stopped: what the nodes said while it was is being
+    // heard only now.
+    const absl::Duration paused = now - last_tick_;
+    for (auto& [id, job] : jobs_) {
+      for (auto& [session, node] : job->nodes) {
+        node.last_seen = std::min(now, node.last_seen + paused);
+      }
+    }
+  }
+  last_tick_ = now;
   while (!silent_.empty() && silent_.begin()->first <= now) {
     const SessionId session = silent_.begin()->second;
     silent_.erase(silent_.begin());
@@ -936,6 +952,19 @@ void RendezvousCore::BroadcastProgress(Job& job, absl::Time now,
   }
 }
 
+void RendezvousCore::RefreshOthersWaiting(const Job& job) {
+  for (auto& [id, other] : jobs_) {
+    if (other.get() != &job && WaitsInFirstRound(*other)) {
+      other->progress_due = true;
+    }
+  }
+}
+
+bool RendezvousCore::WaitsInFirstRound(const Job& job) {
+  return job.phase == v1::JobStatus::COLLECTING && job.round == 0 &&
+         job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes();
+}
+
 v1::Progress RendezvousCore::MakeProgress(const Job& job, const Node* node,
                                           absl::Time now) const {
   v1::Progress p;
@@ -960,6 +989,17 @@ v1::Progress RendezvousCore::MakeProgress(const Job& job, const Node* node,
     if (n.state == v1::NodeStatus::PENDING_REJOIN &&
         p.pending_size() < kMaxNamesInProgress) {
       p.add_pending(n.Name());
+    }
+  }
+  if (WaitsInFirstRound(job)) {
+    // Broadcasts come at most once per progress_interval per waiting job.
+    for (const auto& [id, other] : jobs_) {
+      if (p.other_waiting_jobs_size() == kMaxOtherJobsInProgress) break;
+      if (other.get() == &job || !WaitsInFirstRound(*other)) continue;
+      auto* o = p.add_other_waiting_jobs();
+      o->set_job_id(id);
+      o->set_joined(other->CountIn(v1::NodeStatus::JOINED));
+      o->set_min_nodes(other->settings.min_nodes());
     }
   }
   if (!job.by_hint.empty()) {

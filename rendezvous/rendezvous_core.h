@@ -108,8 +108,14 @@ class RendezvousCore {
   // already ended sessions are ignored.
   void OnSessionClosed(SessionId session, absl::Time now, Effects* effects);
   // Applies everything due at `now`: lease expiry, last calls, join
-  // timeouts, progress, store wait deadlines.
+  // timeouts, progress, store wait deadlines. The owner ticks at least every
+  // kTickAtLeastEvery; ticks further apart than kPausedAfter mean that the
+  // service itself was stopped (SIGSTOP, a suspended machine, the job of an
+  // agent that hosts it stopped with Ctrl-Z), and the nodes' silence while
+  // it was is not held against their heartbeat_timeout.
   void Tick(absl::Time now, Effects* effects);
+  static constexpr absl::Duration kTickAtLeastEvery = absl::Seconds(1);
+  static constexpr absl::Duration kPausedAfter = absl::Seconds(3);
   // When Tick next has something to do; InfiniteFuture when nothing is due.
   // May be early (Tick then does nothing), never late.
   absl::Time NextDeadline() const;
@@ -177,6 +183,12 @@ class RendezvousCore {
   // Finishes the running job when every member has succeeded.
   void MaybeFinishJob(Job& job, Effects* effects);
 
+  // Whether `job` is in its first round, still below min_nodes.
+  static bool WaitsInFirstRound(const Job& job);
+  // What `job` is about to change (its joins, its round closing, the job
+  // ending) is shown to the other jobs that wait (Progress's
+  // other_waiting_jobs): their progress is due again.
+  void RefreshOthersWaiting(const Job& job);
   v1::Progress MakeProgress(const Job& job, const Node* node,
                             absl::Time now) const;
   void BroadcastProgress(Job& job, absl::Time now, Effects* effects);
@@ -190,6 +202,7 @@ class RendezvousCore {
   // Opened sessions that have not spoken yet, by deadline.
   std::set<std::pair<absl::Time, SessionId>> silent_;
   absl::flat_hash_map<SessionId, absl::Time> silent_deadline_;
+  absl::Time last_tick_ = absl::InfinitePast();
 };
 
 }  // namespace ctrun

@@ -755,9 +755,8 @@ void Impl::TimerLoop() {
     timer_wake_ = false;
     // The core's times are monotonic; absl waits on the wall clock.
     const absl::Time wall_deadline =
-        timer_deadline_ == absl::InfiniteFuture()
-            ? absl::Now() + absl::Seconds(1)
-            : absl::Now() + (timer_deadline_ - now);
+        absl::Now() +
+        std::min(RendezvousCore::kTickAtLeastEvery, timer_deadline_ - now);
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return timer_wake_ || stopping_;
     };

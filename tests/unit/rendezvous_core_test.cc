@@ -103,6 +103,14 @@ class Harness {
     }
   }
   void Silence(SessionId s) { silent_.insert(s); }
+  // The service is stopped for `d`: time passes with no tick and no
+  // message, then one tick.
+  void Pause(absl::Duration d) {
+    now_ += d;
+    Effects fx;
+    core_.Tick(now_, &fx);
+    Absorb(fx);
+  }
 
   // The latest message of a kind sent to `s`, if any since the last Clear.
   std::optional<v1::Assignment> LastAssignment(SessionId s) const {
@@ -251,6 +259,34 @@ TEST_CASE("Join timeout below min fails the job naming who is missing",
   REQUIRE(h.LastFailed(2));
 }
 
+TEST_CASE("Jobs waiting below min on one service learn of each other",
+          "[rendezvous][unit]") {
+  Harness h;  // two nodes needed
+  h.Join(1, "a");
+  v1::Join typo = h.MakeJoin(2, "b");
+  typo.set_job_id("jbo");
+  h.SendJoin(2, typo);
+  h.Advance(absl::Seconds(2));
+  auto p1 = h.LastProgress(1);
+  REQUIRE(p1);
+  REQUIRE(p1->other_waiting_jobs_size() == 1);
+  CHECK(p1->other_waiting_jobs(0).job_id() == "jbo");
+  CHECK(p1->other_waiting_jobs(0).joined() == 1);
+  CHECK(p1->other_waiting_jobs(0).min_nodes() == 2);
+  auto p2 = h.LastProgress(2);
+  REQUIRE(p2);
+  REQUIRE(p2->other_waiting_jobs_size() == 1);
+  CHECK(p2->other_waiting_jobs(0).job_id() == "job");
+  // Once a job has its nodes, it is no longer named to the other.
+  h.Join(3, "c");
+  REQUIRE(h.LastAssignment(1));
+  h.Clear();
+  h.Advance(absl::Seconds(2));
+  auto later = h.LastProgress(2);
+  REQUIRE(later);
+  CHECK(later->other_waiting_jobs_size() == 0);
+}
+
 TEST_CASE("Group ranks follow hints then hostnames", "[rendezvous][unit]") {
   Harness h(4, 4);
   h.Join(1, "zeta");
@@ -324,6 +360,39 @@ TEST_CASE("A node without heartbeats is lost after the heartbeat timeout",
   CHECK_FALSE(h.Ended(1));
   REQUIRE(h.LastRestart(1));
   CHECK(h.LastRestart(1)->reason() == RestartRequired::NODE_LOST);
+}
+
+TEST_CASE("Silence while the service itself was stopped loses no node",
+          "[rendezvous][unit]") {
+  Harness h(1, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  REQUIRE(h.LastAssignment(1));
+  h.Silence(2);
+  h.Advance(absl::Seconds(1));
+  // Stopped for a minute (Ctrl-Z on the agent that hosts it): nobody's
+  // heartbeat could be heard, so nobody is lost for it.
+  h.Pause(absl::Minutes(1));
+  CHECK_FALSE(h.Ended(1));
+  CHECK_FALSE(h.Ended(2));
+  // Node 2 stays silent: 1 s before the pause and 2.5 s after it are still
+  // within its 3 s; another second is not.
+  h.Advance(absl::Milliseconds(1500));
+  CHECK_FALSE(h.Ended(2));
+  h.Advance(absl::Seconds(1));
+  REQUIRE(h.Ended(2));
+  CHECK(absl::IsAborted(*h.Ended(2)));
+  CHECK_FALSE(h.Ended(1));
+}
+
+TEST_CASE("Ticks a little late are no pause: the timeout holds",
+          "[rendezvous][unit]") {
+  Harness h(1, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Silence(2);
+  h.Pause(RendezvousCore::kPausedAfter);
+  CHECK(h.Ended(2));
 }
 
 TEST_CASE("Heartbeats keep a node alive past the timeout",
