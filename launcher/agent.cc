@@ -30,9 +30,13 @@ constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
 
 constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 
-// A port free on this node's address for group rank 0's MASTER_PORT; 0 (the
-// rendezvous refuses it, naming it) only if the address stopped being ours.
-int FindFreePort(const std::string& address) {
+// A port free on this node's address for group rank 0's MASTER_PORT:
+// `previous`, the job's port so far, while it is still free (as torchrun's
+// fixed port is, a job keeps one MASTER_PORT across restarts), else one the
+// OS chooses; 0 (the rendezvous refuses it, naming it) only if the address
+// stopped being ours.
+int FindFreePort(const std::string& address, int previous = 0) {
+  if (previous > 0 && BindFreePort(address, previous).ok()) return previous;
   return BindFreePort(address).value_or(0);
 }
 
@@ -94,6 +98,7 @@ sigset_t AgentSignals(const std::vector<int>& handled) {
   sigaddset(&set, SIGCHLD);
   sigaddset(&set, SIGUSR1);
   sigaddset(&set, SIGUSR2);
+  sigaddset(&set, SIGTSTP);  // job control (agent_policy.h)
   for (int sig : handled) sigaddset(&set, sig);
   return set;
 }
@@ -197,6 +202,7 @@ void Agent::OnSignals() {
       for (const WorkerExit& e : workers_->Reap()) {
         policy_.OnWorkerExit(e, now, &effects);
       }
+      if (workers_->TakeTerminalStop()) policy_.OnTerminalStop(now, &effects);
     } else {
       policy_.OnSignal(static_cast<int>(info.ssi_signo),
                        static_cast<pid_t>(info.ssi_pid) == getppid(), now,
@@ -251,6 +257,7 @@ void Agent::Apply(const AgentEffect& effect) {
   } else if (auto* rejoin = std::get_if<e::SendRejoin>(&effect)) {
     if (session_) session_->Send(MakeRejoin(rejoin->round));
   } else if (auto* start = std::get_if<e::StartWorkers>(&effect)) {
+    master_port_ = start->assignment.master_port();
     const std::vector<WorkerStart> started = workers_->Start(start->assignment);
     AgentEffects more;
     policy_.OnWorkersStarted(started, MonotonicNow(), &more);
@@ -261,6 +268,8 @@ void Agent::Apply(const AgentEffect& effect) {
     workers_->Abandon();
   } else if (std::holds_alternative<e::CollectWorkers>(effect)) {
     workers_->Collect();
+  } else if (std::holds_alternative<e::SuspendAgent>(effect)) {
+    kill(getpid(), SIGSTOP);  // returns once continued
   } else if (std::holds_alternative<e::ProbeRendezvous>(effect)) {
     Probe();
   } else if (auto* exit = std::get_if<e::Exit>(&effect)) {
@@ -272,7 +281,7 @@ v1::AgentMessage Agent::MakeRejoin(int64_t round) const {
   v1::AgentMessage m;
   m.mutable_rejoin()->set_round(round);
   m.mutable_rejoin()->set_master_port_candidate(
-      FindFreePort(config_.workers.address));
+      FindFreePort(config_.workers.address, master_port_));
   return m;
 }
 
@@ -300,7 +309,8 @@ void Agent::OpenSession(std::optional<int64_t> resume_round) {
   join.set_address(config_.workers.address);
   join.set_local_world_size(o.local_world_size);
   join.set_node_rank_hint(o.node_rank);
-  join.set_master_port_candidate(FindFreePort(config_.workers.address));
+  join.set_master_port_candidate(
+      FindFreePort(config_.workers.address, master_port_));
 
   const uint64_t generation = ++session_generation_;
   SessionStream::Handlers handlers;

@@ -85,6 +85,8 @@ class Agent {
   // cancel, so that a replaced session's last words are dropped.
   uint64_t session_generation_ = 0;
   uint64_t incarnation_ = 0;
+  // The MASTER_PORT of the last assignment, offered again while free.
+  int master_port_ = 0;
   std::optional<int> exit_code_;
   bool stopped_by_signal_ = false;
 };

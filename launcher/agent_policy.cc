@@ -23,6 +23,7 @@ using agent_effect::Send;
 using agent_effect::SendRejoin;
 using agent_effect::SignalWorkers;
 using agent_effect::StartWorkers;
+using agent_effect::SuspendAgent;
 
 void Tell(std::string line, AgentEffects* effects) {
   effects->push_back(agent_effect::Say{std::move(line)});
@@ -283,6 +284,16 @@ void AgentPolicy::PrintProgress(absl::Time now, AgentEffects* effects) {
     absl::StrAppend(&line, "; join timeout in ",
                     left(p.join_timeout_remaining_ms()), ")");
   }
+  if (p.other_waiting_jobs_size() > 0) {
+    std::vector<std::string> others;
+    for (const auto& o : p.other_waiting_jobs()) {
+      others.push_back(absl::StrCat("'", o.job_id(), "' (", o.joined(), "/",
+                                    o.min_nodes(), " joined)"));
+    }
+    absl::StrAppend(&line, "; also waiting there: job ",
+                    absl::StrJoin(others, ", job "),
+                    " (is --rdzv_id the same on every node?)");
+  }
   Tell(line, effects);
 }
 
@@ -400,8 +411,9 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
   std::string how =
       e.stopped_on_terminal
           ? absl::StrCat("stopped on ", SignalName(e.signal),
-                         " trying to use the terminal, which ctrun's workers "
-                         "cannot read (give it input another way); ended it")
+                         " trying to use the terminal, which only local rank "
+                         "0 of a job in the terminal's foreground can read "
+                         "(give the others input another way); ended it")
       : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
                  : absl::StrCat("exited with code ", e.exit_code);
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
@@ -450,6 +462,10 @@ void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
     }
     return;
   }
+  if (signal == SIGTSTP) {
+    Suspend(delivered, now, effects);
+    return;
+  }
   if (ending_ == Ending::kSignal) {
     Tell(absl::StrCat(SignalName(signal), " again: killing the workers now"),
          effects);
@@ -468,6 +484,21 @@ void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
                  absl::FormatDuration(config_.options.shutdown_timeout), ")"),
        effects);
   StopWorkers(signal, /*send=*/!delivered, now, effects);
+}
+
+void AgentPolicy::OnTerminalStop(absl::Time now, AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  Suspend(/*workers_told=*/false, now, effects);
+}
+
+void AgentPolicy::Suspend(bool workers_told, absl::Time now,
+                          AgentEffects* effects) {
+  const bool workers = live_workers() > 0;
+  if (workers && !workers_told) effects->push_back(SignalWorkers{SIGTSTP});
+  effects->push_back(SuspendAgent{});
+  if (workers) effects->push_back(SignalWorkers{SIGCONT});
+  // The rendezvous heard nothing while the agent was stopped.
+  if (next_heartbeat_ != absl::InfiniteFuture()) next_heartbeat_ = now;
 }
 
 void AgentPolicy::End(Ending ending, absl::Time now, AgentEffects* effects) {

@@ -38,6 +38,12 @@
 //   agent exits 128 + signal. A second one SIGKILLs them. SIGUSR1/SIGUSR2
 //   are forwarded. A signal that the parent delivered to the workers itself
 //   (a Slurm step) is not sent again.
+// - Job control: SIGTSTP (Ctrl-Z), or the worker in ctrun's process group
+//   stopping on the terminal while ctrun is in the background, stops the
+//   workers and the agent together; once the agent is continued, so are
+//   they, and a heartbeat goes out at once. A rendezvous elsewhere may
+//   have declared the node lost meanwhile (heartbeat_timeout): the node
+//   then rejoins as after any loss.
 // - Workers asked to stop are never asked again by a later decision (a
 //   second SIGTERM can cut short the handler that saves their state); the
 //   strongest ending wins: signal, job failure, job end, lost rendezvous.
@@ -103,6 +109,9 @@ struct AbandonWorkers {};
 // No worker is alive any more: end what they left behind and emit the rest
 // of their output, before anything said about them.
 struct CollectWorkers {};
+// Job control: the agent stops itself (SIGSTOP) and carries on with the
+// next effect once it is continued (SIGCONT, the shell's `fg` or `bg`).
+struct SuspendAgent {};
 // A quick call to the rendezvous that does not wait for it to be up, to
 // learn why it does not answer; the loop answers with OnProbeResult.
 struct ProbeRendezvous {};
@@ -118,7 +127,8 @@ using AgentEffect =
                  agent_effect::Send, agent_effect::SendRejoin,
                  agent_effect::StartWorkers, agent_effect::SignalWorkers,
                  agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
-                 agent_effect::ProbeRendezvous, agent_effect::Exit>;
+                 agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
+                 agent_effect::Exit>;
 using AgentEffects = std::vector<AgentEffect>;
 
 struct AgentPolicyConfig {
@@ -188,6 +198,9 @@ class AgentPolicy {
   // A handled signal; `from_parent`: sent by ctrun's parent process.
   void OnSignal(int signal, bool from_parent, absl::Time now,
                 AgentEffects* effects);
+  // The worker in ctrun's process group stopped on the terminal while
+  // ctrun was in the background (WorkerGroup::TakeTerminalStop).
+  void OnTerminalStop(absl::Time now, AgentEffects* effects);
   // The answer to ProbeRendezvous.
   void OnProbeResult(const absl::Status& status, absl::Time now,
                      AgentEffects* effects);
@@ -235,6 +248,9 @@ class AgentPolicy {
   }
   void OnWorkerFailure(const WorkerFailureRecord& failure, absl::Time now,
                        AgentEffects* effects);
+  // Stops the job with the agent, and continues it with the agent.
+  // `workers_told`: the workers had the stop signal already.
+  void Suspend(bool workers_told, absl::Time now, AgentEffects* effects);
 
   // Decides to exit for `ending` (unless a stronger ending is decided)
   // once the workers have stopped.

@@ -48,9 +48,9 @@ constexpr char kDefaultPrefix[] = "[${host}:${rank}]: ";
 constexpr FlagSpec kFlags[] = {
     {"nnodes", 0, Kind::kValue, "1:1", "N|MIN:MAX",
      "number of nodes, or the range an elastic job may use"},
-    {"nproc_per_node", 0, Kind::kValue, "1", "N|gpu|cpu|auto",
-     "workers on this node: a count, one per visible GPU, one per CPU, or "
-     "GPUs if any else CPUs"},
+    {"nproc_per_node", 0, Kind::kValue, "1", "N|gpu|xpu|cpu|auto",
+     "workers on this node: a count, one per visible NVIDIA GPU, one per "
+     "Intel GPU, one per CPU, or GPUs if any, else XPUs, else CPUs"},
     {"rdzv_backend", 0, Kind::kValue, "static", "static|c10d|ctrun",
      "rendezvous backend"},
     {"rdzv_endpoint", 0, Kind::kValue, "", "HOST[:PORT]",
@@ -125,6 +125,10 @@ constexpr FlagSpec kFlags[] = {
      "SIGUSR2 are always forwarded"},
     {"shutdown_timeout", 0, Kind::kValue, "30", "SECONDS",
      "how long stopped workers get before SIGKILL"},
+    {"worker_tty", 0, Kind::kValue, "auto", "auto|yes|no",
+     "give workers a pseudo-terminal for stdout and stderr: auto does for "
+     "each stream that only ctrun's terminal shows, as torchrun's workers "
+     "write to its terminal"},
     {"log_line_prefix_template", 0, Kind::kValue, kDefaultPrefix, "TEMPLATE",
      "prefix of every worker line: ${host} ${rank} ${local_rank} "
      "${group_rank} ${role_name}; empty for none"},
@@ -544,15 +548,25 @@ absl::Status ConvertNodes(const Raw& raw, const HostFacts& host,
                                    "); use a count, cpu or auto"));
     }
     o.local_world_size = host.gpu_count;
+  } else if (t == "xpu") {
+    if (host.xpu_count == 0) {
+      return BadValue(
+          raw, "nproc_per_node",
+          absl::StrCat("no Intel GPU (XPU) is visible (", host.xpu_source,
+                       "); use a count, gpu, cpu or auto"));
+    }
+    o.local_world_size = host.xpu_count;
   } else if (t == "cpu") {
     o.local_world_size = host.cpu_count;
   } else if (t == "auto") {
-    o.local_world_size = host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+    o.local_world_size = host.gpu_count > 0   ? host.gpu_count
+                         : host.xpu_count > 0 ? host.xpu_count
+                                              : host.cpu_count;
   } else {
     auto n = ToInt(t);
     if (!n || *n < 1 || *n > 65536) {
       return BadValue(raw, "nproc_per_node",
-                      "expected a count in 1..65536, gpu, cpu or auto");
+                      "expected a count in 1..65536, gpu, xpu, cpu or auto");
     }
     o.local_world_size = *n;
   }
@@ -741,6 +755,16 @@ absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
     o.local_ranks_filter = ranks;
   }
   o.log_line_prefix_template = raw.at("log_line_prefix_template").text;
+  const std::string& tty = raw.at("worker_tty").text;
+  if (tty == "auto") {
+    o.worker_tty = WorkerTty::kAuto;
+  } else if (tty == "yes") {
+    o.worker_tty = WorkerTty::kYes;
+  } else if (tty == "no") {
+    o.worker_tty = WorkerTty::kNo;
+  } else {
+    return BadValue(raw, "worker_tty", "expected auto, yes or no");
+  }
   for (auto [name, out] :
        {std::pair{"duplicate_stdout_filters", &o.duplicate_filters[0]},
         std::pair{"duplicate_stderr_filters", &o.duplicate_filters[1]}}) {
@@ -831,6 +855,9 @@ void RecordResolved(const Raw& raw, const HostFacts& host, LaunchOptions& o) {
   if (nproc == "gpu" || (nproc == "auto" && host.gpu_count > 0)) {
     resolved("nproc_per_node",
              absl::StrCat(o.local_world_size, ", from ", host.gpu_source));
+  } else if (nproc == "xpu" || (nproc == "auto" && host.xpu_count > 0)) {
+    resolved("nproc_per_node",
+             absl::StrCat(o.local_world_size, ", from ", host.xpu_source));
   } else if (nproc == "cpu" || nproc == "auto") {
     resolved("nproc_per_node",
              absl::StrCat(o.local_world_size, ", the CPU count"));

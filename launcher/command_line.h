@@ -25,6 +25,8 @@ struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;
   std::string gpu_source;  // how gpu_count was found, for messages
+  int xpu_count = 0;       // Intel GPUs, for --nproc_per_node=xpu
+  std::string xpu_source;
 };
 
 struct CommandLine {

@@ -354,6 +354,11 @@ int main(int argc, char** argv) {
   // A console that goes away (ctrun ... | head) must not kill the agent
   // while it has workers; workers get the default disposition back.
   signal(SIGPIPE, SIG_IGN);
+  // ctrun never reads the terminal. When local rank 0 (in ctrun's process
+  // group) reads it in the background, the kernel stops the whole group:
+  // ctrun stays awake to stop and continue the job as one (agent_policy.h).
+  signal(SIGTTIN, SIG_IGN);
+  signal(SIGTTOU, SIG_IGN);
   EnvMap env = ProcessEnvironment();
   const std::vector<std::string> args(argv + 1, argv + argc);
   auto command = ParseCommandLine(args, env, DetectHostFacts(env));

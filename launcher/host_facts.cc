@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <regex>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ctrun/environment.h"
@@ -31,6 +34,29 @@ int CountEntries(const std::string& dir, const std::regex& name) {
   return n;
 }
 
+// Intel GPUs as PyTorch's torch.xpu sees them through Level Zero.
+void CountXpus(const EnvMap& env, const std::string& root, HostFacts* facts) {
+  if (auto it = env.find("ZE_AFFINITY_MASK"); it != env.end()) {
+    const std::vector<absl::string_view> devices =
+        absl::StrSplit(it->second, ',', absl::SkipWhitespace());
+    facts->xpu_count = static_cast<int>(devices.size());
+    facts->xpu_source = absl::StrCat("ZE_AFFINITY_MASK=", it->second);
+    return;
+  }
+  std::error_code ec;
+  int n = 0;
+  const std::string drm = root + "/sys/class/drm";
+  for (const auto& e : std::filesystem::directory_iterator(drm, ec)) {
+    if (!absl::StartsWith(e.path().filename().string(), "renderD")) continue;
+    std::ifstream vendor(e.path() / "device" / "vendor");
+    std::string id;
+    if (vendor >> id && id == "0x8086") ++n;
+  }
+  facts->xpu_count = n;
+  facts->xpu_source = n > 0 ? "Intel render nodes in /sys/class/drm"
+                            : "no Intel GPU in /sys/class/drm";
+}
+
 }  // namespace
 
 HostFacts DetectHostFacts(const EnvMap& env, const std::string& root) {
@@ -39,6 +65,7 @@ HostFacts DetectHostFacts(const EnvMap& env, const std::string& root) {
   gethostname(name, sizeof name - 1);
   facts.hostname = name;
   facts.cpu_count = CountCpus();
+  CountXpus(env, root, &facts);
   if (auto it = env.find(env::kCudaVisibleDevices); it != env.end()) {
     const std::string& v = it->second;
     int n = 0;

@@ -32,6 +32,12 @@ struct StreamSelection {
 // the accepted forms.
 absl::StatusOr<StreamSelection> ParseStreamSelection(const std::string& text);
 
+// --worker_tty: whether a worker's stdout and stderr are pseudo-terminals.
+// kAuto: a stream is one when ctrun's own stream is a terminal and the
+// worker's stream goes only there (not to a log file, not filtered out),
+// which is when torchrun's worker would write to the terminal itself.
+enum class WorkerTty { kAuto, kYes, kNo };
+
 struct LaunchOptions {
   // Nodes and workers.
   int min_nodes = 1;
@@ -94,6 +100,7 @@ struct LaunchOptions {
   // --duplicate_std{out,err}_filters: [0] stdout, [1] stderr; empty: none.
   std::vector<std::string> duplicate_filters[2];
   std::string log_line_prefix_template;
+  WorkerTty worker_tty = WorkerTty::kAuto;
 
   bool dry_run = false;
 

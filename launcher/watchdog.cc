@@ -23,9 +23,10 @@ namespace {
 [[noreturn]] void RunWatchdog(int fd, const std::string& marked,
                               const std::string& temporary_dir) {
   // Terminal signals reach the agent's process group, this one included;
-  // the watchdog must outlive the agent, so it ignores them.
-  for (int sig :
-       {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) {
+  // the watchdog must outlive the agent, and stay awake to end its workers
+  // even while the job is stopped (Ctrl-Z), so it ignores them.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE,
+                  SIGTSTP, SIGTTIN, SIGTTOU}) {
     signal(sig, SIG_IGN);
   }
   sigset_t none;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,40 @@ WorkerGroup::~WorkerGroup() {
   }
 }
 
+// Where one of a worker's streams goes.
+struct WorkerGroup::StreamPlan {
+  bool console = false;  // shown on ctrun's console
+  bool file = false;     // kept in the attempt's log file
+  bool tty = false;      // written to a pseudo-terminal
+};
+
+WorkerGroup::StreamPlan WorkerGroup::PlanStream(int local_rank,
+                                                int stream) const {
+  const auto& o = config_.options;
+  const bool shown = !o.local_ranks_filter ||
+                     std::count(o.local_ranks_filter->begin(),
+                                o.local_ranks_filter->end(), local_rank) > 0;
+  // As in torchrun, tee wins over redirects for a stream given to both.
+  const bool redirected = (o.redirects.For(local_rank) & stream) &&
+                          !(o.tee.For(local_rank) & stream);
+  StreamPlan plan;
+  plan.console = shown && !redirected;
+  plan.file = (o.redirects.For(local_rank) | o.tee.For(local_rank)) & stream;
+  switch (o.worker_tty) {
+    case WorkerTty::kYes:
+      plan.tty = true;
+      break;
+    case WorkerTty::kNo:
+      plan.tty = false;
+      break;
+    case WorkerTty::kAuto:
+      plan.tty = plan.console && !plan.file &&
+                 isatty(stream == 1 ? STDOUT_FILENO : STDERR_FILENO) == 1;
+      break;
+  }
+  return plan;
+}
+
 std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
     int local_rank, int rank, int group_rank, int stream,
     const std::string& dir) const {
@@ -39,16 +74,9 @@ std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
                                    {"local_rank", absl::StrCat(local_rank)},
                                    {"group_rank", absl::StrCat(group_rank)},
                                    {"role_name", o.role}});
-  const bool shown = !o.local_ranks_filter ||
-                     std::count(o.local_ranks_filter->begin(),
-                                o.local_ranks_filter->end(), local_rank) > 0;
-  // As in torchrun, tee wins over redirects for a stream given to both.
-  const bool redirected = (o.redirects.For(local_rank) & stream) &&
-                          !(o.tee.For(local_rank) & stream);
-  const bool kept =
-      (o.redirects.For(local_rank) | o.tee.For(local_rank)) & stream;
+  const StreamPlan plan = PlanStream(local_rank, stream);
   int file = -1;
-  if (kept) {
+  if (plan.file) {
     file =
         open(absl::StrCat(dir, "/", stream == 1 ? "stdout.log" : "stderr.log")
                  .c_str(),
@@ -57,7 +85,7 @@ std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
   Console* console = stream == 1 ? config_.out : config_.err;
   const DuplicateFilter& duplicate = duplicates_[stream - 1];
   return std::make_unique<WorkerOutput>(
-      prefix, shown && !redirected ? console : nullptr, file,
+      prefix, plan.console ? console : nullptr, file,
       duplicate.fd >= 0 ? &duplicate : nullptr);
 }
 
@@ -80,6 +108,13 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
                     .c_str(),
                 O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
+  // Local rank 0 shares ctrun's process group when stdin is ctrun's
+  // controlling terminal, so that it reads it (pdb, input()) as torchrun's
+  // rank 0 can: while the job is in the terminal's foreground, and after
+  // `fg` when it was not (it stops the job until then). Ctrl-C and Ctrl-Z
+  // reach it with ctrun.
+  const bool share_terminal =
+      isatty(STDIN_FILENO) == 1 && tcgetsid(STDIN_FILENO) == getsid(0);
   std::vector<WorkerStart> started;
   for (int lr = 0; lr < o.local_world_size; ++lr) {
     const int rank = static_cast<int>(a.first_global_rank()) + lr;
@@ -90,7 +125,12 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
     start.error_file = dir + "/error.json";
     const EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
                                          config_.address, start.error_file);
-    auto spawned = SpawnWorker(config_.worker_argv, env);
+    SpawnOptions spawn;
+    spawn.own_group = !(share_terminal && lr == 0);
+    spawn.tty_stdout = PlanStream(lr, 1).tty;
+    spawn.tty_stderr = PlanStream(lr, 2).tty;
+    spawn.window_from = isatty(STDOUT_FILENO) ? STDOUT_FILENO : STDERR_FILENO;
+    auto spawned = SpawnWorker(config_.worker_argv, env, spawn);
     if (!spawned.ok()) {
       start.error = std::string(spawned.status().message());
       start.wall_time = absl::Now();
@@ -98,10 +138,15 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
       return started;
     }
     start.pid = spawned->pid;
-    if (config_.watchdog) config_.watchdog->Track(spawned->pid);
+    // A worker in ctrun's group dies with ctrun by its parent-death signal;
+    // its group is not the watchdog's to kill.
+    if (config_.watchdog && spawn.own_group) {
+      config_.watchdog->Track(spawned->pid);
+    }
     Worker w;
     w.local_rank = lr;
     w.pid = spawned->pid;
+    w.own_group = spawn.own_group;
     w.alive = true;
     w.out = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 1, dir);
     w.err = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 2, dir);
@@ -123,7 +168,7 @@ void WorkerGroup::AddPipe(int fd, size_t worker, int stream) {
 
 void WorkerGroup::Signal(int signal) {
   for (const Worker& w : workers_) {
-    if (w.alive) kill(-w.pid, signal);
+    if (w.alive) kill(w.own_group ? -w.pid : w.pid, signal);
   }
 }
 
@@ -147,10 +192,19 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
         (WSTOPSIG(status) == SIGTTIN || WSTOPSIG(status) == SIGTTOU);
     // Stopped otherwise (SIGSTOP, a debugger): it may be continued.
     if (WIFSTOPPED(status) && !on_terminal) continue;
+    if (on_terminal && !it->own_group) {
+      // In ctrun's group, it reads the terminal while ctrun is in the
+      // background: the shell's job is to stop, all of it, until `fg`.
+      terminal_stop_ = true;
+      continue;
+    }
     it->alive = false;
-    // What the worker left running in its group goes with it.
-    kill(-it->pid, SIGKILL);
-    if (config_.watchdog) config_.watchdog->Untrack(it->pid);
+    // What the worker left running in its group goes with it; what a
+    // worker in ctrun's group left comes to ctrun (EndStrays).
+    if (it->own_group) {
+      kill(-it->pid, SIGKILL);
+      if (config_.watchdog) config_.watchdog->Untrack(it->pid);
+    }
     WorkerExit e;
     e.local_rank = it->local_rank;
     e.wall_time = absl::Now();

@@ -3,12 +3,13 @@
 // reaps them, carries their output to the console and the log files, and
 // ends whatever they leave behind.
 //
-// Containment: every worker is in its own process group and dies with the
-// agent (parent-death signal); the agent is a child subreaper, so orphaned
-// descendants come to it and are ended when their attempt is collected; the
-// watchdog (watchdog.h) ends every worker group and every process that
-// carries this agent's containment mark when the agent dies, however it
-// dies.
+// Containment: every worker is in its own process group (but local rank 0
+// when stdin is ctrun's terminal: it stays in ctrun's group, so that it can
+// read the terminal) and dies with the agent (parent-death signal); the agent
+// is a child subreaper, so orphaned descendants come to it and are ended when
+// their attempt is collected; the watchdog (watchdog.h) ends every worker group
+// and every process that carries this agent's containment mark when the agent
+// dies, however it dies.
 //
 // Used by the agent's loop only; not thread-safe. Output pipes are added to
 // the loop's epoll set with the pipe's fd as the event's tag.
@@ -61,11 +62,16 @@ class WorkerGroup {
   // attempt's must have been collected), in order, stopping at the first
   // that cannot be started.
   std::vector<WorkerStart> Start(const v1::Assignment& assignment);
-  // Sends `signal` to every live worker's process group.
+  // Sends `signal` to every live worker's process group (to the worker
+  // alone in ctrun's group).
   void Signal(int signal);
   // Reaps every child that exited; returns the workers among them. What a
   // worker left running in its group is SIGKILLed.
   std::vector<WorkerExit> Reap();
+  // Whether, since the last call, the worker in ctrun's process group
+  // stopped reading or writing the terminal (SIGTTIN/SIGTTOU) while ctrun
+  // was in the background: the job is to stop until it is continued.
+  bool TakeTerminalStop() { return std::exchange(terminal_stop_, false); }
   // Stops waiting for the live workers (they ignored SIGKILL).
   void Abandon();
   // Every worker is gone: reads what their pipes still hold, closes them,
@@ -88,11 +94,15 @@ class WorkerGroup {
   struct Worker {
     int local_rank = 0;
     pid_t pid = -1;
+    bool own_group = true;  // else in ctrun's process group
     bool alive = false;
     std::unique_ptr<WorkerOutput> out;
     std::unique_ptr<WorkerOutput> err;
   };
 
+  struct StreamPlan;
+  // Where local rank `local_rank`'s stream (1 stdout, 2 stderr) goes.
+  StreamPlan PlanStream(int local_rank, int stream) const;
   void AddPipe(int fd, size_t worker, int stream);
   // Reads up to `budget` bytes of `fd` (all there is when 0).
   void Read(int fd, size_t budget, absl::Time now);
@@ -110,6 +120,7 @@ class WorkerGroup {
   std::vector<Worker> workers_;
   // Pipe fd -> (worker index, stream): 1 stdout, 2 stderr.
   std::map<int, std::pair<size_t, int>> pipes_;
+  bool terminal_stop_ = false;
 };
 
 }  // namespace ctrun

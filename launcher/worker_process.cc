@@ -2,8 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,10 +22,54 @@ void CloseBoth(int fds[2]) {
   close(fds[1]);
 }
 
+absl::Status SystemError(absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+// A pseudo-terminal as a pipe: fds[0] the master (ctrun reads it), fds[1]
+// the slave (the worker writes it). Neither becomes anyone's controlling
+// terminal (O_NOCTTY; the worker keeps ctrun's).
+absl::Status OpenTerminalPipe(int fds[2], int window_from) {
+  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) return SystemError("posix_openpt");
+  char name[128];
+  if (grantpt(master) != 0 || unlockpt(master) != 0 ||
+      ptsname_r(master, name, sizeof name) != 0) {
+    const absl::Status s = SystemError("pseudo-terminal");
+    close(master);
+    return s;
+  }
+  const int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (slave < 0) {
+    const absl::Status s = SystemError(name);
+    close(master);
+    return s;
+  }
+  termios raw{};
+  if (tcgetattr(slave, &raw) == 0) {
+    cfmakeraw(&raw);
+    tcsetattr(slave, TCSANOW, &raw);
+  }
+  winsize size{};
+  if (window_from >= 0 && ioctl(window_from, TIOCGWINSZ, &size) == 0) {
+    ioctl(slave, TIOCSWINSZ, &size);
+  }
+  fds[0] = master;
+  fds[1] = slave;
+  return absl::OkStatus();
+}
+
+absl::Status OpenOutput(int fds[2], bool terminal, int window_from) {
+  if (terminal) return OpenTerminalPipe(fds, window_from);
+  if (pipe2(fds, O_CLOEXEC) != 0) return SystemError("pipe");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
-                                           const EnvMap& env) {
+                                           const EnvMap& env,
+                                           const SpawnOptions& options) {
   // Everything the child needs is prepared before the fork: after it, only
   // system calls (the agent has other threads, and the child shares its
   // memory until exec).
@@ -36,18 +83,21 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
   args.push_back(nullptr);
 
   int out[2], err[2], exec_status[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  if (auto s = OpenOutput(out, options.tty_stdout, options.window_from);
+      !s.ok()) {
+    return s;
   }
-  if (pipe2(err, O_CLOEXEC) != 0) {
+  if (auto s = OpenOutput(err, options.tty_stderr, options.window_from);
+      !s.ok()) {
     CloseBoth(out);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    return s;
   }
   if (pipe2(exec_status, O_CLOEXEC) != 0) {
     CloseBoth(out);
     CloseBoth(err);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    return SystemError("pipe");
   }
+  const bool own_group = options.own_group;
   const pid_t parent = getpid();
   // vfork: the child borrows the agent's memory until it execs, so starting
   // a worker costs no copy of the agent's page tables (fork of a process
@@ -58,18 +108,27 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
     CloseBoth(out);
     CloseBoth(err);
     CloseBoth(exec_status);
-    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+    return SystemError("fork");
   }
   if (pid == 0) {
-    setpgid(0, 0);
+    if (own_group) setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the agent died before prctl
+    // Until exec, job control must not stop this child: the agent waits in
+    // vfork for it. A stop signal sent to the agent's group meanwhile (Ctrl-Z,
+    // a worker reading the terminal in the background) is dropped while
+    // ignored, and would otherwise be pending here from the agent's mask.
+    struct sigaction dfl = {}, ign = {};
+    dfl.sa_handler = SIG_DFL;
+    ign.sa_handler = SIG_IGN;
+    for (int sig = 1; sig < NSIG; ++sig) {
+      const bool stop = sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
+      sigaction(sig, stop ? &ign : &dfl, nullptr);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    struct sigaction dfl = {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);
+    for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU}) sigaction(sig, &dfl, nullptr);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
     execve(args[0], args.data(), envp.data());
@@ -77,7 +136,7 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
     (void)!write(exec_status[1], &e, sizeof e);
     _exit(127);
   }
-  setpgid(pid, pid);  // both sides, so the group exists when we return
+  if (own_group) setpgid(pid, pid);  // both sides: the group exists now
   close(out[1]);
   close(err[1]);
   close(exec_status[1]);

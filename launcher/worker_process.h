@@ -12,19 +12,37 @@
 
 namespace ctrun {
 
+struct SpawnOptions {
+  // In a process group of its own (the default), or in ctrun's: the group
+  // that owns the terminal, so that the worker can read it (worker_group.h).
+  bool own_group = true;
+  // Each of stdout/stderr on a pseudo-terminal instead of a pipe, so that
+  // the worker sees a terminal (isatty) and its libraries behave as on one:
+  // line buffering, colours, progress bars. Raw mode: what the worker
+  // writes reaches ctrun byte for byte (no "\n" to "\r\n"). The terminal's
+  // size is `window_from`'s, when that is a terminal.
+  bool tty_stdout = false;
+  bool tty_stderr = false;
+  int window_from = -1;
+};
+
 struct SpawnedProcess {
-  pid_t pid = -1;      // also its process group id
-  int stdout_fd = -1;  // read ends, non-blocking, close-on-exec
+  pid_t pid = -1;  // its process group id too, with SpawnOptions::own_group
+  // Read ends (a pipe's, or a pseudo-terminal's master), non-blocking,
+  // close-on-exec. A master reads EIO instead of end-of-file once the
+  // worker and all it started have closed it.
+  int stdout_fd = -1;
   int stderr_fd = -1;
 };
 
-// Starts `argv` with exactly `env`, in its own process group, with a
-// parent-death signal (SIGKILL), an empty signal mask and default
-// dispositions, stdin inherited and stdout/stderr on pipes. An exec that
+// Starts `argv` with exactly `env`, with a parent-death signal (SIGKILL),
+// an empty signal mask and default dispositions, stdin inherited and
+// stdout/stderr on pipes or pseudo-terminals (`options`). An exec that
 // fails is reported here (FAILED_PRECONDITION naming the program and the
 // errno), not as a worker exit.
 absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
-                                           const EnvMap& env);
+                                           const EnvMap& env,
+                                           const SpawnOptions& options = {});
 
 }  // namespace ctrun
 

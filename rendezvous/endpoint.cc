@@ -129,7 +129,7 @@ absl::Status ValidateHost(absl::string_view host) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> BindFreePort(absl::string_view host) {
+absl::StatusOr<int> BindFreePort(absl::string_view host, int port) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
@@ -141,15 +141,28 @@ absl::StatusOr<int> BindFreePort(absl::string_view host) {
         absl::StrCat("'", host, "' does not resolve: ", gai_strerror(rc)));
   }
   absl::Status status = absl::OkStatus();
-  int port = 0;
   const int fd =
       socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, found->ai_protocol);
   sockaddr_storage bound{};
+  std::memcpy(&bound, found->ai_addr, found->ai_addrlen);
+  const uint16_t wanted = htons(static_cast<uint16_t>(port));
+  if (bound.ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port = wanted;
+  } else {
+    reinterpret_cast<sockaddr_in*>(&bound)->sin_port = wanted;
+  }
+  const int reuse = 1;
+  if (fd >= 0 && port != 0) {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
+  }
   socklen_t len = sizeof bound;
-  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 ||
+  if (fd < 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&bound), found->ai_addrlen) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     status = absl::FailedPreconditionError(
-        absl::StrCat("cannot bind to '", host, "': ", std::strerror(errno)));
+        absl::StrCat("cannot bind to '", host, "'",
+                     port != 0 ? absl::StrCat(" port ", port) : "", ": ",
+                     std::strerror(errno)));
   } else {
     port = ntohs(bound.ss_family == AF_INET6
                      ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port

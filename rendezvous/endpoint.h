@@ -31,12 +31,14 @@ absl::StatusOr<Endpoint> ParseEndpoint(
 // address (...)": no host is named only by digits and dots).
 absl::Status ValidateHost(absl::string_view host);
 
-// Binds a TCP socket to port 0 of `host`'s first address (as getaddrinfo
-// resolves it) and returns the port the OS chose, closing the socket: a port
-// free now, and proof that `host` is an address of this machine.
-// FAILED_PRECONDITION, with the system's reason, when it cannot be bound;
-// NOT_FOUND when `host` does not resolve.
-absl::StatusOr<int> BindFreePort(absl::string_view host);
+// Binds a TCP socket to `port` of `host`'s first address (as getaddrinfo
+// resolves it) and returns the port bound, closing the socket: a port free
+// now, and proof that `host` is an address of this machine. Port 0 lets the
+// OS choose one; a given port is bound with SO_REUSEADDR, as a server that
+// takes it would (a port whose last connections linger in TIME_WAIT is
+// free). FAILED_PRECONDITION, with the system's reason, when it cannot be
+// bound; NOT_FOUND when `host` does not resolve.
+absl::StatusOr<int> BindFreePort(absl::string_view host, int port = 0);
 
 // Whether `host` names this machine's loopback: localhost, 127.0.0.0/8, ::1.
 // Looks at the text only.

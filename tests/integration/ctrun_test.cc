@@ -397,6 +397,27 @@ TEST_CASE("max_restarts restarts all workers with the restart count raised",
   CHECK(c->Stderr().find("restarting the workers") != std::string::npos);
 }
 
+TEST_CASE("A restart keeps the job's MASTER_PORT while it is free",
+          "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2", "--max_restarts=2"},
+                 "echo port=$MASTER_PORT; "
+                 "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; "
+                 "then exit 1; fi");
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 0);
+  std::regex port_line("R1\\| port=([0-9]+)");
+  std::set<std::string> ports;
+  int attempts = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), port_line);
+       it != std::sregex_iterator(); ++it) {
+    ports.insert((*it)[1].str());
+    ++attempts;
+  }
+  INFO(out);
+  CHECK(attempts == 3);
+  CHECK(ports.size() == 1);
+}
+
 TEST_CASE("When the restart budget is spent the job fails",
           "[ctrun][integration]") {
   auto c = Ctrun({"--nproc_per_node=2", "--max_restarts=1"},
@@ -634,18 +655,32 @@ TEST_CASE("Duplicate filters gather matching lines of every rank in a file",
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("A worker stopped reading the terminal ends the job, not hangs it",
+TEST_CASE("worker_tty=yes: a terminal for each stream, logs kept verbatim",
           "[ctrun][integration]") {
-  // On a terminal (script gives ctrun a pseudo-terminal), a worker outside
-  // its foreground process group that reads it stops on SIGTTIN.
-  ChildProcess c({"/usr/bin/script", "-qec",
-                  absl::StrCat(CtrunPath(), " /bin/sh -c 'read x; echo got'"),
-                  "/dev/null"});
-  const std::string out = c.ReadAll(kWait);
-  CHECK(c.Wait(kWait) == 128 + SIGTTIN);
-  CHECK(absl::StrContains(out,
-                          "stopped on SIGTTIN trying to use the terminal, "
-                          "which ctrun's workers cannot read"));
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-worker-tty-" + std::to_string(getpid()));
+  auto c =
+      Ctrun({"--rdzv_id=tty", "--log_dir", dir, "-t", "3", "--worker_tty=yes"},
+            "[ -t 1 ] && echo out=tty; [ -t 2 ] && echo err=tty >&2; "
+            "printf 'a\\nb\\n'");
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  CHECK(out == "R0| out=tty\nR0| a\nR0| b\n");
+  CHECK(c->Stderr().find("R0| err=tty\n") != std::string::npos);
+  const auto runs = RunDirs(dir, "tty");
+  REQUIRE(runs.size() == 1);
+  std::ifstream log(runs[0] + "/attempt_0/0/stdout.log");
+  const std::string logged((std::istreambuf_iterator<char>(log)),
+                           std::istreambuf_iterator<char>());
+  CHECK(logged == "out=tty\na\nb\n");  // raw: no "\r\n"
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("worker_tty takes auto, yes or no", "[ctrun][integration]") {
+  ChildProcess c({CtrunPath(), "--worker_tty=maybe", "/bin/true"});
+  CHECK(c.Wait(kWait) == 2);
+  CHECK(absl::StrContains(c.Stderr(), "--worker_tty"));
+  CHECK(absl::StrContains(c.Stderr(), "expected auto, yes or no"));
 }
 
 TEST_CASE("tee wins over redirects, as in torchrun", "[ctrun][integration]") {

@@ -62,6 +62,10 @@ class Harness {
     effects_.clear();
     policy_.OnSignal(signal, from_parent, now_, &effects_);
   }
+  void TerminalStop() {
+    effects_.clear();
+    policy_.OnTerminalStop(now_, &effects_);
+  }
   void Probed(const absl::Status& status) {
     effects_.clear();
     policy_.OnProbeResult(status, now_, &effects_);
@@ -154,6 +158,20 @@ class Harness {
       }
     }
     return false;
+  }
+  // The effects as names, in order: "signal N", "suspend" or "other".
+  std::vector<std::string> Sequence() const {
+    std::vector<std::string> names;
+    for (const auto& effect : effects_) {
+      if (auto* s = std::get_if<e::SignalWorkers>(&effect)) {
+        names.push_back("signal " + std::to_string(s->signal));
+      } else if (std::holds_alternative<e::SuspendAgent>(effect)) {
+        names.push_back("suspend");
+      } else {
+        names.push_back("other");
+      }
+    }
+    return names;
   }
   std::optional<int> ExitCode() const {
     if (!Has<e::Exit>()) return std::nullopt;
@@ -302,6 +320,23 @@ TEST_CASE("Progress is printed only when the round takes a while",
   CHECK(
       h.Said("waiting for 1 more node at 10.0.0.1:29400 (2/3 joined; join "
              "timeout in 9m20s)"));
+}
+
+TEST_CASE("Another job waiting at the same rendezvous is named",
+          "[agent][unit]") {
+  Harness h;
+  v1::ServerMessage m = Progress();
+  m.mutable_progress()->set_join_timeout_remaining_ms(600'000);
+  auto* other = m.mutable_progress()->add_other_waiting_jobs();
+  other->set_job_id("tarin");
+  other->set_joined(1);
+  other->set_min_nodes(2);
+  h.Message(m);
+  h.Advance(AgentPolicy::kProgressQuietFor);
+  CHECK(
+      h.Said("waiting for 1 more node at 10.0.0.1:29400 (1/2 joined; join "
+             "timeout in 9m58s); also waiting there: job 'tarin' (1/2 "
+             "joined) (is --rdzv_id the same on every node?)"));
 }
 
 TEST_CASE("An elastic round in its last call and a spare say so",
@@ -462,8 +497,9 @@ TEST_CASE("A worker stopped on the terminal is a failure, told as such",
     if (auto* say = std::get_if<e::Say>(&effect)) {
       told |= say->line ==
               "worker rank 5 (local 1, pid 101) stopped on SIGTTIN trying to "
-              "use the terminal, which ctrun's workers cannot read (give it "
-              "input another way); ended it; stopping the others";
+              "use the terminal, which only local rank 0 of a job in the "
+              "terminal's foreground can read (give the others input another "
+              "way); ended it; stopping the others";
     }
   }
   CHECK(told);
@@ -654,6 +690,61 @@ TEST_CASE("A signal stops the workers with it and exits 128 plus it",
   h.Exit(1, 0, SIGTERM);
   CHECK(h.ExitCode() == 128 + SIGTERM);
   CHECK(h.policy().stopped_by_signal());
+}
+
+// --- job control
+
+const std::string kStop = "signal " + std::to_string(SIGTSTP);
+const std::string kContinue = "signal " + std::to_string(SIGCONT);
+
+TEST_CASE("Ctrl-Z stops the workers with the agent, fg continues them",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Signal(SIGTSTP);
+  CHECK(h.Sequence() == std::vector<std::string>{kStop, "suspend", kContinue});
+  CHECK(h.policy().phase() == Phase::kRunning);
+  CHECK_FALSE(h.ExitCode());
+  // Continued: the rendezvous hears from the node at once.
+  h.Advance(absl::ZeroDuration());
+  int heartbeats = 0;
+  for (const auto& effect : h.effects()) {
+    if (auto* s = std::get_if<e::Send>(&effect)) {
+      heartbeats += s->message.has_heartbeat();
+    }
+  }
+  CHECK(heartbeats == 1);
+  // The job goes on as before.
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::SUCCEEDED);
+}
+
+TEST_CASE("Ctrl-Z while joining stops the agent alone", "[agent][unit]") {
+  Harness h;
+  h.Signal(SIGTSTP);
+  CHECK(h.Sequence() == std::vector<std::string>{"suspend"});
+  CHECK(h.policy().phase() == Phase::kJoining);
+}
+
+TEST_CASE("Rank 0 reading the terminal in the background stops the job",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.TerminalStop();
+  CHECK(h.Sequence() == std::vector<std::string>{kStop, "suspend", kContinue});
+  CHECK(h.Reports().empty());  // no failure
+}
+
+TEST_CASE("A stop the parent delivered to the workers is not sent again",
+          "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.parent_signals_workers = true;
+  Harness h(o);
+  h.Assign(0);
+  h.Signal(SIGTSTP, /*from_parent=*/true);
+  CHECK(h.Sequence() == std::vector<std::string>{"suspend", kContinue});
 }
 
 TEST_CASE("A restart request while stopping for a signal is ignored",

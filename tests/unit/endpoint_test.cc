@@ -1,11 +1,13 @@
 #include "rendezvous/endpoint.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace ctrun {
@@ -75,6 +77,27 @@ TEST_CASE("BindFreePort finds a port on this machine's addresses only",
   REQUIRE(absl::IsFailedPrecondition(foreign.status()));
   CHECK(foreign.status().message() ==
         "cannot bind to '192.0.2.1': Cannot assign requested address");
+}
+
+TEST_CASE("BindFreePort binds a given port only while nothing listens on it",
+          "[endpoint][unit]") {
+  auto port = BindFreePort("127.0.0.2");
+  REQUIRE(port.ok());
+  CHECK(BindFreePort("127.0.0.2", *port).value_or(0) == *port);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  inet_pton(AF_INET, "127.0.0.2", &addr.sin_addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(fd, 1) == 0);
+  auto taken = BindFreePort("127.0.0.2", *port);
+  close(fd);
+  REQUIRE(absl::IsFailedPrecondition(taken.status()));
+  CHECK(taken.status().message() ==
+        absl::StrCat("cannot bind to '127.0.0.2' port ", *port,
+                     ": Address already in use"));
 }
 
 TEST_CASE("Loopback is told apart from other addresses", "[endpoint][unit]") {

@@ -107,7 +107,9 @@ TEST_CASE(
   for (const Case& c : std::vector<Case>{
            {{"--nnodes=3:2", "t"}, "--nnodes=3:2", "MIN <= MAX"},
            {{"--nnodes=0", "t"}, "--nnodes=0", "1 <= MIN"},
-           {{"--nproc_per_node=-1", "t"}, "--nproc_per_node=-1", "gpu, cpu"},
+           {{"--nproc_per_node=-1", "t"},
+            "--nproc_per_node=-1",
+            "gpu, xpu, cpu"},
            {{"--nproc_per_node=many", "t"}, "--nproc_per_node=many", "auto"},
            {{"--rdzv_conf=k", "t"}, "--rdzv_conf=k", "KEY=VALUE"},
            {{"--rdzv_conf=colour=red", "t"},
@@ -331,7 +333,7 @@ TEST_CASE("Help and version are recognised anywhere before the entrypoint",
   CHECK(Parse({"train", "--help"})->action == CommandLine::Action::kLaunch);
   const std::string help = HelpText();
   CHECK(help.find("usage: ctrun") == 0);
-  CHECK(help.find("--nproc_per_node N|gpu|cpu|auto") != std::string::npos);
+  CHECK(help.find("--nproc_per_node N|gpu|xpu|cpu|auto") != std::string::npos);
   CHECK(help.find("-r, --redirects") != std::string::npos);
 }
 
@@ -748,6 +750,41 @@ TEST_CASE("GPUs are counted from CUDA_VISIBLE_DEVICES or the driver",
   CHECK(DetectHostFacts({}, root).gpu_count == 2);
   std::filesystem::remove_all(root);
   CHECK(DetectHostFacts({}).cpu_count >= 1);
+}
+
+TEST_CASE("Intel GPUs are counted from ZE_AFFINITY_MASK or the render nodes",
+          "[launcher][unit]") {
+  CHECK(DetectHostFacts({{"ZE_AFFINITY_MASK", "0,1.0,2"}}).xpu_count == 3);
+  CHECK(DetectHostFacts({{"ZE_AFFINITY_MASK", ""}}).xpu_count == 0);
+  const std::string root = std::filesystem::temp_directory_path() /
+                           ("ctrun-xpus-" + std::to_string(getpid()));
+  for (auto [node, vendor] :
+       {std::pair{"renderD128", "0x8086"}, std::pair{"renderD129", "0x8086"},
+        std::pair{"renderD130", "0x10de"}}) {
+    const std::string dir =
+        absl::StrCat(root, "/sys/class/drm/", node, "/device");
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/vendor") << vendor << "\n";
+  }
+  std::filesystem::create_directories(root + "/sys/class/drm/card0");
+  const HostFacts facts = DetectHostFacts({}, root);
+  CHECK(facts.xpu_count == 2);
+  CHECK(facts.xpu_source == "Intel render nodes in /sys/class/drm");
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("nproc_per_node=xpu starts one worker per Intel GPU",
+          "[launcher][unit]") {
+  HostFacts host = kHost;
+  host.xpu_count = 2;
+  host.xpu_source = "ZE_AFFINITY_MASK=0,1";
+  auto c = Parse({"--nproc_per_node=xpu", "train.py"}, {}, host);
+  REQUIRE(c.ok());
+  CHECK(c->options.local_world_size == 2);
+  auto none = Parse({"--nproc_per_node=xpu", "train.py"}, {}, kHost);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().message().find("no Intel GPU (XPU) is visible") !=
+        std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,158 @@
+#include "tests/support/terminal_session.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace ctrun::testing {
+namespace {
+
+// Fields of /proc/PID/stat: the command (in parentheses, which it may hold
+// itself), then the state and, three fields on, the session id.
+bool ReadStat(pid_t pid, std::string* command, char* state, pid_t* session) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  const size_t open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos) return false;
+  *command = stat.substr(open + 1, close - open - 1);
+  std::istringstream rest(stat.substr(close + 1));
+  long ppid = 0, pgrp = 0, sid = 0;
+  rest >> *state >> ppid >> pgrp >> sid;
+  *session = static_cast<pid_t>(sid);
+  return static_cast<bool>(rest);
+}
+
+}  // namespace
+
+TerminalSession::TerminalSession(std::vector<std::string> argv,
+                                 std::vector<std::string> env) {
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool overridden = false;
+    for (const auto& o : env) overridden |= o.rfind(name + "=", 0) == 0;
+    if (!overridden) env.push_back(entry);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  winsize size{};
+  size.ws_row = 24;
+  size.ws_col = 80;
+  pid_ = forkpty(&master_, nullptr, nullptr, &size);
+  if (pid_ < 0) std::abort();
+  if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execve(args[0], args.data(), envp.data());
+    std::perror("execve");
+    _exit(127);
+  }
+  fcntl(master_, F_SETFL, O_NONBLOCK);
+  fcntl(master_, F_SETFD, FD_CLOEXEC);
+}
+
+TerminalSession::~TerminalSession() {
+  for (const Member& m : Members()) kill(m.pid, SIGKILL);
+  if (!exit_code_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  close(master_);
+}
+
+void TerminalSession::Type(const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(master_, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR && errno != EAGAIN) {
+      return;
+    }
+  }
+}
+
+bool TerminalSession::Read(absl::Duration timeout) {
+  pollfd p{master_, POLLIN, 0};
+  const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+  if (poll(&p, 1, ms) <= 0) return true;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = read(master_, buffer, sizeof buffer);
+    if (n > 0) {
+      screen_.append(buffer, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && errno == EAGAIN;  // EIO: no process holds the terminal
+  }
+}
+
+bool TerminalSession::WaitFor(const std::string& needle, absl::Duration timeout,
+                              size_t from) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (screen_.size() > from &&
+        screen_.find(needle, from) != std::string::npos)
+      return true;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    if (!Read(std::min(left, absl::Milliseconds(50)))) {
+      return screen_.find(needle, from) != std::string::npos;
+    }
+  }
+}
+
+std::optional<int> TerminalSession::Wait(absl::Duration timeout) {
+  if (exit_code_) return exit_code_;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      Read(absl::ZeroDuration());
+      exit_code_ =
+          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (absl::Now() >= deadline) return std::nullopt;
+    if (!Read(absl::Milliseconds(20))) absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+std::vector<TerminalSession::Member> TerminalSession::Members() const {
+  std::vector<Member> members;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    Member m{pid, "", '?'};
+    pid_t session = 0;
+    if (ReadStat(pid, &m.command, &m.state, &session) && session == pid_) {
+      members.push_back(m);
+    }
+  }
+  return members;
+}
+
+}  // namespace ctrun::testing
