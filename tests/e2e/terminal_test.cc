@@ -122,6 +122,15 @@ TEST_CASE("A worker other than local rank 0 reading the terminal is named",
                         "foreground can read") != std::string::npos);
 }
 
+// The shell's last job exited 0; then the shell exits.
+void ExpectSuccessThenExit(TerminalSession& shell) {
+  REQUIRE(shell.WaitFor("prompt$ ", kWait, shell.Screen().size()));
+  shell.Type("echo status=$?\n");
+  CHECK(shell.WaitFor("status=0", kWait));
+  shell.Type("exit\n");
+  CHECK(shell.Wait(kWait) == 0);
+}
+
 // Every stopped process of the session, by command name.
 std::multiset<std::string> Stopped(const TerminalSession& t) {
   std::multiset<std::string> stopped;
@@ -160,16 +169,11 @@ TEST_CASE("Ctrl-Z stops the whole job and fg continues it",
   for (int rank = 0; rank < 3; ++rank) {
     CHECK(shell->WaitFor(absl::StrCat("tick", rank, "=11"), kWait));
   }
-  const size_t done = shell->Screen().size();
-  REQUIRE(shell->WaitFor("prompt$ ", kWait, done));
-  shell->Type("echo status=$?\n");
-  CHECK(shell->WaitFor("status=0", kWait));
+  ExpectSuccessThenExit(*shell);
   INFO(shell->Screen());
   for (int rank = 0; rank < 3; ++rank) {
     CHECK(Count(shell->Screen(), absl::StrCat("tick", rank, "=")) == 12);
   }
-  shell->Type("exit\n");
-  CHECK(shell->Wait(kWait) == 0);
 }
 
 TEST_CASE("A job in the background that wants input stops until fg",
@@ -191,17 +195,14 @@ TEST_CASE("A job in the background that wants input stops until fg",
     stopped = shell->WaitFor("Stopped", absl::Seconds(1), asked);
   }
   REQUIRE(stopped);
+  // fg names the job once it has taken it out of the shell's hands; what
+  // is typed after that is the job's.
+  const size_t asked = shell->Screen().size();
   shell->Type("fg\n");
-  absl::SleepFor(absl::Milliseconds(500));
+  REQUIRE(shell->WaitFor(script.path(), kWait, asked));
   shell->Type("forty-two\n");
   CHECK(shell->WaitFor("got=forty-two", kWait));
-  const size_t done = shell->Screen().size();
-  REQUIRE(shell->WaitFor("prompt$ ", kWait, done));
-  shell->Type("echo status=$?\n");
-  CHECK(shell->WaitFor("status=0", kWait));
-  INFO(shell->Screen());
-  shell->Type("exit\n");
-  CHECK(shell->Wait(kWait) == 0);
+  ExpectSuccessThenExit(*shell);
 }
 
 }  // namespace

@@ -20,16 +20,22 @@ extern char** environ;
 
 namespace ctrun::testing {
 
-ChildProcess::ChildProcess(std::vector<std::string> argv,
-                           std::vector<std::string> env) {
-  // Built before fork: the child only execs.
+std::vector<std::string> EnvironmentWith(std::vector<std::string> overrides) {
+  std::vector<std::string> env = overrides;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const std::string name = entry.substr(0, entry.find('='));
     bool overridden = false;
-    for (const auto& o : env) overridden |= o.rfind(name + "=", 0) == 0;
+    for (const auto& o : overrides) overridden |= o.rfind(name + "=", 0) == 0;
     if (!overridden) env.push_back(entry);
   }
+  return env;
+}
+
+ChildProcess::ChildProcess(std::vector<std::string> argv,
+                           std::vector<std::string> overrides) {
+  // Built before fork: the child only execs.
+  std::vector<std::string> env = EnvironmentWith(std::move(overrides));
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);

@@ -18,6 +18,10 @@
 
 namespace ctrun::testing {
 
+// This process's environment with `overrides` ("NAME=VALUE") in place of
+// the variables they name, for a child's execve.
+std::vector<std::string> EnvironmentWith(std::vector<std::string> overrides);
+
 class ChildProcess {
  public:
   // Starts `argv` (argv[0] is a path) with this process's environment plus

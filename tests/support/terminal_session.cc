@@ -16,8 +16,7 @@
 #include <sstream>
 
 #include "absl/time/clock.h"
-
-extern char** environ;
+#include "tests/support/child_process.h"
 
 namespace ctrun::testing {
 namespace {
@@ -41,14 +40,8 @@ bool ReadStat(pid_t pid, std::string* command, char* state, pid_t* session) {
 }  // namespace
 
 TerminalSession::TerminalSession(std::vector<std::string> argv,
-                                 std::vector<std::string> env) {
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const std::string name = entry.substr(0, entry.find('='));
-    bool overridden = false;
-    for (const auto& o : env) overridden |= o.rfind(name + "=", 0) == 0;
-    if (!overridden) env.push_back(entry);
-  }
+                                 std::vector<std::string> overrides) {
+  std::vector<std::string> env = EnvironmentWith(std::move(overrides));
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
