@@ -67,13 +67,59 @@ ChildProcess::ChildProcess(std::vector<std::string> argv,
   stdout_fd_ = out[0];
 }
 
+std::vector<ProcessInfo> AllProcesses() {
+  std::vector<ProcessInfo> all;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in("/proc/" + name + "/stat");
+    const std::string stat((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    // The command is in parentheses, which it may itself contain.
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    ProcessInfo p;
+    p.pid = static_cast<pid_t>(std::stol(name));
+    p.command = stat.substr(open + 1, close - open - 1);
+    std::istringstream rest(stat.substr(close + 1));
+    long parent = 0, group = 0, session = 0;
+    rest >> p.state >> parent >> group >> session;
+    if (!rest) continue;
+    p.group = static_cast<pid_t>(group);
+    p.session = static_cast<pid_t>(session);
+    all.push_back(std::move(p));
+  }
+  return all;
+}
+
+void EndProcesses(const std::function<bool(const ProcessInfo&)>& of,
+                  absl::Duration grace) {
+  const absl::Time deadline = absl::Now() + grace;
+  while (true) {
+    std::vector<pid_t> left;
+    for (const ProcessInfo& p : AllProcesses()) {
+      if (p.state != 'Z' && of(p)) left.push_back(p.pid);
+    }
+    if (left.empty()) return;
+    if (absl::Now() >= deadline) {
+      for (pid_t pid : left) kill(pid, SIGKILL);
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 ChildProcess::~ChildProcess() {
   if (!exit_code_) {
     kill(-pid_, SIGKILL);
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   } else {
-    kill(-pid_, SIGKILL);  // anything the child left in its group
+    // Anything the child left in its group.
+    const pid_t group = pid_;
+    EndProcesses([group](const ProcessInfo& p) { return p.group == group; },
+                 absl::Seconds(2));
   }
   close(stdout_fd_);
   unlink(stderr_path_.c_str());

@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,23 @@ namespace ctrun::testing {
 // This process's environment with `overrides` ("NAME=VALUE") in place of
 // the variables they name, for a child's execve.
 std::vector<std::string> EnvironmentWith(std::vector<std::string> overrides);
+
+// A process as /proc/PID/stat shows it.
+struct ProcessInfo {
+  pid_t pid = -1;
+  std::string command;
+  char state = '?';  // 'R', 'S', 'T' (stopped), 'Z' (a zombie), ...
+  pid_t group = -1;
+  pid_t session = -1;
+};
+// Every process of this machine now.
+std::vector<ProcessInfo> AllProcesses();
+// Waits up to `grace` for the live (not zombie) processes that `of` selects
+// to end by themselves, then SIGKILLs those left. Something a test's child
+// left behind may still be at work (ctrun's watchdog removing a run
+// directory); killing it at once would leave that work half done.
+void EndProcesses(const std::function<bool(const ProcessInfo&)>& of,
+                  absl::Duration grace);
 
 class ChildProcess {
  public:

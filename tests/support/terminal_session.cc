@@ -19,26 +19,6 @@
 #include "tests/support/child_process.h"
 
 namespace ctrun::testing {
-namespace {
-
-// Fields of /proc/PID/stat: the command (in parentheses, which it may hold
-// itself), then the state and, three fields on, the session id.
-bool ReadStat(pid_t pid, std::string* command, char* state, pid_t* session) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  const size_t open = stat.find('('), close = stat.rfind(')');
-  if (open == std::string::npos || close == std::string::npos) return false;
-  *command = stat.substr(open + 1, close - open - 1);
-  std::istringstream rest(stat.substr(close + 1));
-  long ppid = 0, pgrp = 0, sid = 0;
-  rest >> *state >> ppid >> pgrp >> sid;
-  *session = static_cast<pid_t>(sid);
-  return static_cast<bool>(rest);
-}
-
-}  // namespace
-
 TerminalSession::TerminalSession(std::vector<std::string> argv,
                                  std::vector<std::string> overrides) {
   std::vector<std::string> env = EnvironmentWith(std::move(overrides));
@@ -64,11 +44,10 @@ TerminalSession::TerminalSession(std::vector<std::string> argv,
 }
 
 TerminalSession::~TerminalSession() {
-  for (const Member& m : Members()) kill(m.pid, SIGKILL);
-  if (!exit_code_) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
+  const pid_t session = pid_;
+  EndProcesses([session](const ProcessInfo& p) { return p.session == session; },
+               exit_code_ ? absl::Seconds(2) : absl::ZeroDuration());
+  if (!exit_code_) waitpid(pid_, nullptr, 0);
   close(master_);
 }
 
@@ -132,18 +111,10 @@ std::optional<int> TerminalSession::Wait(absl::Duration timeout) {
   }
 }
 
-std::vector<TerminalSession::Member> TerminalSession::Members() const {
-  std::vector<Member> members;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    Member m{pid, "", '?'};
-    pid_t session = 0;
-    if (ReadStat(pid, &m.command, &m.state, &session) && session == pid_) {
-      members.push_back(m);
-    }
+std::vector<ProcessInfo> TerminalSession::Members() const {
+  std::vector<ProcessInfo> members;
+  for (ProcessInfo& p : AllProcesses()) {
+    if (p.session == pid_) members.push_back(std::move(p));
   }
   return members;
 }

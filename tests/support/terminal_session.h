@@ -5,8 +5,9 @@
 // The child leads a new session whose controlling terminal is the pty (its
 // process group in the terminal's foreground); what it and its descendants
 // write is read from the master, what a test writes there is typed. The
-// destructor SIGKILLs every process of the session and reaps the child, so
-// a failing test leaks nothing; a test binary that is itself killed takes
+// destructor SIGKILLs every process of the session (after a short grace
+// when the child has exited) and reaps the child, so a failing test leaks
+// nothing; a test binary that is itself killed takes
 // the child along (parent-death signal). Create it on a thread that
 // outlives it (the test's own).
 #ifndef CTRUN_TESTS_SUPPORT_TERMINAL_SESSION_H_
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "tests/support/child_process.h"
 
 namespace ctrun::testing {
 
@@ -48,14 +50,8 @@ class TerminalSession {
   // nullopt after `timeout`. The terminal is read meanwhile.
   std::optional<int> Wait(absl::Duration timeout);
 
-  // The processes of the session now, with their command names and states
-  // ('R', 'S', 'T' for stopped, ...), from /proc.
-  struct Member {
-    pid_t pid;
-    std::string command;
-    char state;
-  };
-  std::vector<Member> Members() const;
+  // The processes of the session now.
+  std::vector<ProcessInfo> Members() const;
 
  private:
   // Reads what the terminal holds, waiting up to `timeout` for the first
