@@ -169,9 +169,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!store.ok()) break;
         v1::StoreResponse response;
         std::optional<ctrun::KvStore::WaiterId> parked;
+        std::vector<ctrun::KvStore::Change> changed;
         (void)ctrun::ApplyStoreRequest(
             **store, request, now, [](v1::StoreResponse) {}, &response, &parked,
-            &effects.fired);
+            &effects.fired, &changed);
+        // Committed or rolled back, as the service does after journaling.
+        if (in.ConsumeBool()) (*store)->RollbackTo(0);
+        (*store)->Commit(&effects.fired);
         break;
       }
       case 5: {
@@ -183,9 +187,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (crashed) {
           journal.resize(in.ConsumeIntegralInRange<size_t>(0, journal.size()));
         }
-        size_t dropped = 0;
-        auto jobs = ctrun::ReplayJournal(journal, &dropped);
-        if (!crashed && dropped != 0) std::abort();
+        ctrun::JournalContents contents = ctrun::ReadJournal(journal);
+        if (!crashed && !contents.damage.empty()) std::abort();
+        auto& jobs = contents.jobs;
         core = std::make_unique<RendezvousCore>(limits);
         for (const auto& [id, job] : jobs) {
           const absl::Status restored = core->Restore(

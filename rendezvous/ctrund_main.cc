@@ -63,7 +63,11 @@ struct DaemonFlags {
   int64_t max_value_bytes = KvStoreLimits{}.max_value_bytes;
   int64_t max_keys = KvStoreLimits{}.max_keys;
   int64_t max_jobs = RendezvousLimits{}.max_jobs;
+  int64_t max_job_store_bytes = KvStoreLimits{}.max_job_bytes;
+  int64_t max_store_bytes = RendezvousLimits{}.max_store_bytes;
   std::string state_dir;
+  std::string fsync = "batch";
+  bool state_dir_repair = false;
   double reconnect_grace_s =
       absl::ToDoubleSeconds(ServerOptions{}.reconnect_grace);
   std::string log_level = "info";
@@ -102,6 +106,7 @@ int RunDaemon(const DaemonFlags& flags) {
   } else if (!flags.tls_client_ca.empty()) {
     return Fail("--tls-client-ca needs --tls-cert and --tls-key", kUsageError);
   }
+  constexpr int64_t kMaxBytes = int64_t{1} << 50;
   struct Limit {
     const char* flag;
     int64_t value;
@@ -111,7 +116,9 @@ int RunDaemon(const DaemonFlags& flags) {
   for (const Limit& l :
        {Limit{"--max-value-bytes", flags.max_value_bytes, int64_t{512} << 20},
         Limit{"--max-keys", flags.max_keys, 100'000'000},
-        Limit{"--max-jobs", flags.max_jobs, 1'000'000}}) {
+        Limit{"--max-jobs", flags.max_jobs, 1'000'000},
+        Limit{"--max-job-store-bytes", flags.max_job_store_bytes, kMaxBytes},
+        Limit{"--max-store-bytes", flags.max_store_bytes, kMaxBytes}}) {
     if (l.value < 1 || l.value > l.max) {
       return Fail(absl::StrCat(l.flag, " ", l.value, " must be in 1..", l.max),
                   kUsageError);
@@ -121,6 +128,19 @@ int RunDaemon(const DaemonFlags& flags) {
       static_cast<size_t>(flags.max_value_bytes);
   options.limits.store.max_keys = static_cast<size_t>(flags.max_keys);
   options.limits.max_jobs = static_cast<size_t>(flags.max_jobs);
+  options.limits.store.max_job_bytes =
+      static_cast<size_t>(flags.max_job_store_bytes);
+  options.limits.max_store_bytes = static_cast<size_t>(flags.max_store_bytes);
+  auto fsync = ParseFsyncPolicy(flags.fsync);
+  if (!fsync.ok()) {
+    return Fail(absl::StrCat("--fsync: ", fsync.status().message()),
+                kUsageError);
+  }
+  if (flags.state_dir.empty() && flags.state_dir_repair) {
+    return Fail("--state-dir-repair needs --state-dir", kUsageError);
+  }
+  options.fsync = *fsync;
+  options.repair_state_dir = flags.state_dir_repair;
   if (!(flags.reconnect_grace_s > 0 && flags.reconnect_grace_s <= 86400)) {
     return Fail(absl::StrCat("--reconnect-grace ", flags.reconnect_grace_s,
                              " must be a number of seconds in (0, 86400]"),
@@ -243,9 +263,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-jobs", daemon.max_jobs, "most jobs at once")
       ->capture_default_str();
+  app.add_option("--max-job-store-bytes", daemon.max_job_store_bytes,
+                 "most bytes (keys plus values) in one job's store")
+      ->capture_default_str();
+  app.add_option("--max-store-bytes", daemon.max_store_bytes,
+                 "most bytes (keys plus values) in the stores of all jobs")
+      ->capture_default_str();
   app.add_option("--state-dir", daemon.state_dir,
                  "directory to keep jobs and store contents in, so that a "
                  "restarted daemon resumes them (one daemon per directory)");
+  app.add_option("--fsync", daemon.fsync,
+                 "when changes reach the disk before they are answered: "
+                 "always (each on its own), batch (concurrent ones share a "
+                 "sync) or never (they outlive a crash of ctrund, not of the "
+                 "machine)")
+      ->capture_default_str();
+  app.add_flag("--state-dir-repair", daemon.state_dir_repair,
+               "start from a journal damaged before its end: keep a copy of "
+               "it, drop the damaged records and restore the whole ones");
   app.add_option("--reconnect-grace", daemon.reconnect_grace_s,
                  "seconds that agents of restored jobs have to come back "
                  "before they count as lost")

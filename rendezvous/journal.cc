@@ -1,22 +1,24 @@
 #include "rendezvous/journal.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace ctrun {
 namespace {
 
 constexpr size_t kHeaderBytes = 8;
 // A record larger than this is damage, not data: the biggest real one is a
-// job of max nodes, or one key and value.
+// job of max nodes, or one request's keys and values.
 constexpr uint32_t kMaxRecordBytes = 64u << 20;
 // Rewrite once this much was appended and it is more than the state.
 constexpr uint64_t kRewriteAfterBytes = 64u << 20;
@@ -48,19 +50,14 @@ uint32_t GetLittleEndian(const char* in) {
   return v;
 }
 
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
-}
-
-absl::Status WriteAll(int fd, absl::string_view bytes,
-                      const std::string& path) {
-  while (!bytes.empty()) {
-    const ssize_t n = write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot write", path);
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
+// The store of `job_id` at `round`, or null when the journal's state has
+// moved past that round.
+std::map<std::string, std::string>* KeysOf(
+    std::map<std::string, JournaledJob>* jobs, const std::string& job_id,
+    int64_t round) {
+  auto it = jobs->find(job_id);
+  if (it == jobs->end() || it->second.snapshot.round() != round) return nullptr;
+  return &it->second.keys;
 }
 
 void Apply(const v1::JournalRecord& record,
@@ -76,48 +73,73 @@ void Apply(const v1::JournalRecord& record,
     case v1::JournalRecord::kForgetJob:
       jobs->erase(record.forget_job());
       return;
-    case v1::JournalRecord::kPut: {
-      auto it = jobs->find(record.put().job_id());
-      if (it != jobs->end() &&
-          it->second.snapshot.round() == record.put().round()) {
-        it->second.keys[record.put().key()] = record.put().value();
+    case v1::JournalRecord::kPut:
+      if (auto* keys =
+              KeysOf(jobs, record.put().job_id(), record.put().round())) {
+        (*keys)[record.put().key()] = record.put().value();
       }
       return;
-    }
-    case v1::JournalRecord::kDelete: {
-      auto it = jobs->find(record.delete_().job_id());
-      if (it != jobs->end() &&
-          it->second.snapshot.round() == record.delete_().round()) {
-        it->second.keys.erase(record.delete_().key());
+    case v1::JournalRecord::kDelete:
+      if (auto* keys = KeysOf(jobs, record.delete_().job_id(),
+                              record.delete_().round())) {
+        keys->erase(record.delete_().key());
       }
       return;
-    }
+    case v1::JournalRecord::kChange:
+      if (auto* keys =
+              KeysOf(jobs, record.change().job_id(), record.change().round())) {
+        for (const auto& key : record.change().keys()) {
+          if (key.deleted()) {
+            keys->erase(key.key());
+          } else {
+            (*keys)[key.key()] = key.value();
+          }
+        }
+      }
+      return;
     case v1::JournalRecord::KIND_NOT_SET:
       return;
   }
 }
 
-// Reads up to the first damaged record; returns how many bytes were good.
-size_t ReplayInto(absl::string_view bytes,
-                  std::map<std::string, JournaledJob>* jobs) {
-  size_t offset = 0;
-  while (bytes.size() - offset >= kHeaderBytes) {
-    const uint32_t length = GetLittleEndian(bytes.data() + offset);
-    const uint32_t crc = GetLittleEndian(bytes.data() + offset + 4);
-    if (length > kMaxRecordBytes ||
-        bytes.size() - offset - kHeaderBytes < length) {
-      break;
-    }
-    const absl::string_view body = bytes.substr(offset + kHeaderBytes, length);
-    v1::JournalRecord record;
-    if (Crc32(body) != crc ||
-        !record.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-      break;
-    }
-    Apply(record, jobs);
-    offset += kHeaderBytes + length;
+// The size of the whole record at `offset` (parsed into `*record`), or 0
+// when none starts there. Zeroes (a file extended but never written) are
+// no record: a real one is never empty.
+size_t WholeRecordAt(absl::string_view bytes, size_t offset,
+                     v1::JournalRecord* record) {
+  if (bytes.size() - offset < kHeaderBytes) return 0;
+  const uint32_t length = GetLittleEndian(bytes.data() + offset);
+  if (length == 0 || length > kMaxRecordBytes ||
+      bytes.size() - offset - kHeaderBytes < length) {
+    return 0;
   }
-  return offset;
+  const absl::string_view body = bytes.substr(offset + kHeaderBytes, length);
+  if (Crc32(body) != GetLittleEndian(bytes.data() + offset + 4) ||
+      !record->ParseFromArray(body.data(), static_cast<int>(body.size())) ||
+      record->kind_case() == v1::JournalRecord::KIND_NOT_SET) {
+    return 0;
+  }
+  return kHeaderBytes + length;
+}
+
+// Whether the bytes from `offset` to the end are what an interrupted append
+// leaves: a header cut short, a length beyond the end, or zeroes.
+bool CutShort(absl::string_view bytes, size_t offset) {
+  const absl::string_view tail = bytes.substr(offset);
+  if (tail.size() < kHeaderBytes) return true;
+  if (GetLittleEndian(tail.data()) > tail.size() - kHeaderBytes) return true;
+  return tail.find_first_not_of('\0') == absl::string_view::npos;
+}
+
+std::string DescribeDamage(const JournalContents& contents) {
+  const DamagedBytes& first = contents.damage.front();
+  std::string text = absl::StrCat("bytes ", first.begin, " to ", first.end,
+                                  " hold no whole record");
+  if (contents.damage.size() > 1) {
+    absl::StrAppend(&text, ", and ", contents.damage.size() - 1,
+                    " more damaged stretches follow");
+  }
+  return text;
 }
 
 }  // namespace
@@ -131,102 +153,153 @@ std::string FrameRecord(const v1::JournalRecord& record) {
   return framed;
 }
 
-std::map<std::string, JournaledJob> ReplayJournal(absl::string_view bytes,
-                                                  size_t* dropped) {
-  std::map<std::string, JournaledJob> jobs;
-  *dropped = bytes.size() - ReplayInto(bytes, &jobs);
-  return jobs;
+JournalContents ReadJournal(absl::string_view bytes) {
+  JournalContents contents;
+  size_t offset = 0;
+  v1::JournalRecord record;
+  while (offset < bytes.size()) {
+    if (const size_t size = WholeRecordAt(bytes, offset, &record); size > 0) {
+      Apply(record, &contents.jobs);
+      ++contents.records;
+      contents.whole.append(bytes.data() + offset, size);
+      offset += size;
+      continue;
+    }
+    DamagedBytes damaged{offset, offset + 1};
+    while (damaged.end < bytes.size() &&
+           WholeRecordAt(bytes, damaged.end, &record) == 0) {
+      ++damaged.end;
+    }
+    if (damaged.end == bytes.size())
+      damaged.cut_short = CutShort(bytes, offset);
+    contents.damage.push_back(damaged);
+    offset = damaged.end;
+  }
+  return contents;
 }
 
-Journal::Journal(std::string dir, int lock_fd)
-    : dir_(std::move(dir)), lock_fd_(lock_fd) {}
+Journal::Journal(std::string dir, StateFiles* files, int lock_fd)
+    : dir_(std::move(dir)), files_(files), lock_fd_(lock_fd) {}
 
 Journal::~Journal() {
-  if (fd_ >= 0) close(fd_);
   close(lock_fd_);  // releases the lock
 }
 
 absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(
-    const std::string& dir, std::map<std::string, JournaledJob>* jobs) {
+    const Options& options, std::map<std::string, JournaledJob>* jobs) {
+  const std::string& dir = options.dir;
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Errno("cannot create the state directory", dir);
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot create the state directory ", dir));
   }
   const std::string lock_path = dir + "/lock";
   const int lock_fd =
       open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd < 0) return Errno("cannot open", lock_path);
+  if (lock_fd < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", lock_path));
+  }
   if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     close(lock_fd);
     return absl::FailedPreconditionError(absl::StrCat(
         "the state directory ", dir,
         " is in use by another ctrund; each daemon needs its own"));
   }
-  std::unique_ptr<Journal> journal(new Journal(dir, lock_fd));
-
-  const std::string path = dir + "/journal";
-  journal->fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (journal->fd_ < 0) return Errno("cannot open", path);
-  std::string bytes;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = read(journal->fd_, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot read", path);
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
+  std::unique_ptr<Journal> journal(new Journal(dir, options.files, lock_fd));
+  const std::string path = journal->path();
+  auto bytes = options.files->Read(path);
+  if (absl::IsNotFound(bytes.status())) bytes = std::string();
+  if (!bytes.ok()) return bytes.status();
+  JournalContents contents = ReadJournal(*bytes);
+  journal->end_ = bytes->size();
+  if (contents.TornTailOnly()) {
+    // A crash cut the last write short: that record was never answered.
+    const DamagedBytes& tail = contents.damage.front();
+    spdlog::warn(
+        "dropped the last {} bytes of {}: a record cut short by a "
+        "crash while it was written",
+        tail.end - tail.begin, path);
+    journal->end_ = tail.begin;
+    if (auto s = options.files->Truncate(path, tail.begin); !s.ok()) return s;
+  } else if (!contents.damage.empty() && !options.repair) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is damaged: ", DescribeDamage(contents),
+        ", which is not what a crash mid-write leaves. Nothing was changed; "
+        "start ctrund with --state-dir-repair to keep a copy of the damaged "
+        "file and restore the whole records"));
+  } else if (!contents.damage.empty()) {
+    const std::string copy = absl::StrCat(
+        path, ".damaged-",
+        absl::FormatTime("%Y%m%dT%H%M%S", absl::Now(), absl::UTCTimeZone()));
+    if (auto s = options.files->Link(path, copy); !s.ok()) return s;
+    if (auto s = journal->Replace(contents.whole); !s.ok()) return s;
+    spdlog::warn(
+        "repaired {}: {}; the damaged records are lost (each was a "
+        "job's state or one store change), the {} whole ones are "
+        "kept; the damaged file is {}",
+        path, DescribeDamage(contents), contents.records, copy);
   }
-  jobs->clear();
-  const size_t good = ReplayInto(bytes, jobs);
-  // A record cut short by a crash is dropped, so that appends follow the
-  // last whole one.
-  if (ftruncate(journal->fd_, static_cast<off_t>(good)) != 0 ||
-      lseek(journal->fd_, 0, SEEK_END) < 0) {
-    return Errno("cannot truncate", path);
-  }
-  journal->base_bytes_ = good;
+  journal->committed_ = journal->end_;
+  journal->base_bytes_ = journal->end_;
+  *jobs = std::move(contents.jobs);
   return journal;
 }
 
-absl::Status Journal::Append(const v1::JournalRecord& record, bool sync) {
+absl::Status Journal::CutBack() {
+  if (auto s = files_->Truncate(path(), end_); !s.ok()) {
+    dirty_tail_ = true;
+    return s;
+  }
+  dirty_tail_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Journal::Append(const v1::JournalRecord& record) {
+  if (dirty_tail_) {
+    if (auto s = CutBack(); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("an earlier failed write is still in "
+                                       "the journal: ",
+                                       s.message()));
+    }
+  }
   const std::string framed = FrameRecord(record);
-  const std::string path = dir_ + "/journal";
-  if (auto s = WriteAll(fd_, framed, path); !s.ok()) return s;
+  if (auto s = files_->Append(path(), framed); !s.ok()) {
+    CutBack().IgnoreError();  // Append then refuses until it works
+    return s;
+  }
+  end_ += framed.size();
   appended_bytes_ += framed.size();
-  if (sync && fdatasync(fd_) != 0) return Errno("cannot sync", path);
+  return absl::OkStatus();
+}
+
+absl::Status Journal::Commit(bool sync) {
+  if (sync && end_ > committed_) {
+    if (auto s = files_->Sync(path()); !s.ok()) {
+      // The kernel may have dropped those pages: nothing of them may be
+      // read back after a restart, since their changes are refused.
+      end_ = committed_;
+      CutBack().IgnoreError();
+      return s;
+    }
+  }
+  committed_ = end_;
+  return absl::OkStatus();
+}
+
+absl::Status Journal::Replace(const std::string& bytes) {
+  const std::string next = path() + ".next";
+  if (auto s = files_->WriteSynced(next, bytes); !s.ok()) return s;
+  if (auto s = files_->Rename(next, path()); !s.ok()) return s;
+  end_ = committed_ = base_bytes_ = bytes.size();
+  appended_bytes_ = 0;
+  dirty_tail_ = false;
   return absl::OkStatus();
 }
 
 absl::Status Journal::Rewrite(const std::vector<v1::JournalRecord>& records) {
-  const std::string path = dir_ + "/journal";
-  const std::string next = path + ".next";
-  const int fd =
-      open(next.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("cannot create", next);
   std::string bytes;
   for (const auto& record : records) bytes += FrameRecord(record);
-  absl::Status s = WriteAll(fd, bytes, next);
-  if (s.ok() && fsync(fd) != 0) s = Errno("cannot sync", next);
-  if (s.ok() && rename(next.c_str(), path.c_str()) != 0) {
-    s = Errno("cannot rename", next);
-  }
-  if (!s.ok()) {
-    close(fd);
-    unlink(next.c_str());
-    return s;
-  }
-  // The rename itself must reach the disk.
-  if (const int dir_fd = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      dir_fd >= 0) {
-    fsync(dir_fd);
-    close(dir_fd);
-  }
-  close(fd_);
-  fd_ = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd_ < 0) return Errno("cannot reopen", path);
-  close(fd);
-  base_bytes_ = bytes.size();
-  appended_bytes_ = 0;
-  return absl::OkStatus();
+  return Replace(bytes);
 }
 
 bool Journal::WantsRewrite() const {

@@ -9,22 +9,28 @@
 namespace ctrun {
 namespace {
 
+constexpr size_t kShownKeyBytes = 64;
+
 // Keys in error messages are cut so that a hostile key cannot flood a log.
 std::string Quote(const std::string& key) {
-  constexpr size_t kShown = 64;
-  if (key.size() <= kShown) return absl::StrCat("'", key, "'");
-  return absl::StrCat("'", key.substr(0, kShown), "...' (", key.size(),
+  if (key.size() <= kShownKeyBytes) return absl::StrCat("'", key, "'");
+  return absl::StrCat("'", key.substr(0, kShownKeyBytes), "...' (", key.size(),
                       " bytes)");
 }
 
 }  // namespace
 
+KvStore::~KvStore() {
+  if (budget_ != nullptr) budget_->used -= total_bytes_;
+}
+
 absl::Status KvStore::CheckKey(const std::string& key) const {
   if (key.empty()) return absl::InvalidArgumentError("store key is empty");
   if (key.size() > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store key ", Quote(key), " has ", key.size(),
-                     " bytes; the limit is ", limits_.max_key_bytes));
+    // The size is the point here, so it is said once.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store key '", key.substr(0, kShownKeyBytes), "...' has ", key.size(),
+        " bytes; the limit is ", limits_.max_key_bytes));
   }
   return absl::OkStatus();
 }
@@ -47,26 +53,45 @@ absl::Status KvStore::CheckCapacity(size_t added_keys,
         absl::StrCat("store holds ", data_.size(), " keys; the limit is ",
                      limits_.max_keys, " (ctrund --max-keys)"));
   }
-  if (added_bytes > 0 && total_bytes_ + static_cast<size_t>(added_bytes) >
-                             limits_.max_total_bytes) {
+  if (added_bytes <= 0) return absl::OkStatus();
+  const size_t added = static_cast<size_t>(added_bytes);
+  if (total_bytes_ + added > limits_.max_job_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("store holds ", total_bytes_, " bytes; the limit is ",
-                     limits_.max_total_bytes));
+        absl::StrCat("the job's store holds ", total_bytes_,
+                     " bytes and this adds ", added, "; the limit is ",
+                     limits_.max_job_bytes, " (ctrund --max-job-store-bytes)"));
+  }
+  if (budget_ != nullptr && budget_->used + added > budget_->limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the stores of all jobs hold ", budget_->used,
+                     " bytes and this adds ", added, "; the limit is ",
+                     budget_->limit, " (ctrund --max-store-bytes)"));
   }
   return absl::OkStatus();
 }
 
+void KvStore::Account(int64_t delta) {
+  total_bytes_ += delta;
+  if (budget_ != nullptr) budget_->used += delta;
+}
+
+void KvStore::RememberBefore(const std::string& key) {
+  if (!staging_) return;
+  auto it = data_.find(key);
+  undo_.push_back({key, it == data_.end()
+                            ? std::nullopt
+                            : std::optional<std::string>(it->second)});
+}
+
 void KvStore::Store(const std::string& key, std::string value,
                     std::vector<Fired>* fired) {
+  RememberBefore(key);
   auto [it, inserted] = data_.try_emplace(key);
-  if (inserted) {
-    total_bytes_ += key.size();
-  } else {
-    total_bytes_ -= it->second.size();
-  }
-  total_bytes_ += value.size();
+  const int64_t before =
+      inserted ? 0 : static_cast<int64_t>(key.size() + it->second.size());
+  Account(static_cast<int64_t>(key.size() + value.size()) - before);
   it->second = std::move(value);
-  WakeWatchers(key, fired);
+  if (!staging_) WakeWatchers(key, fired);
 }
 
 absl::Status KvStore::Set(const std::string& key, std::string value,
@@ -163,9 +188,52 @@ absl::StatusOr<bool> KvStore::Delete(const std::string& key) {
   if (auto s = CheckKey(key); !s.ok()) return s;
   auto it = data_.find(key);
   if (it == data_.end()) return false;
-  total_bytes_ -= key.size() + it->second.size();
+  RememberBefore(key);
+  Account(-static_cast<int64_t>(key.size() + it->second.size()));
   data_.erase(it);
   return true;
+}
+
+KvStore::Mark KvStore::Stage() {
+  staging_ = true;
+  return undo_.size();
+}
+
+std::vector<KvStore::Change> KvStore::ChangesSince(Mark mark) const {
+  std::vector<Change> changes;
+  absl::flat_hash_map<std::string, bool> seen;
+  for (size_t i = mark; i < undo_.size(); ++i) {
+    const std::string& key = undo_[i].key;
+    if (!seen.try_emplace(key, true).second) continue;
+    auto it = data_.find(key);
+    changes.push_back({key, it == data_.end()
+                                ? std::nullopt
+                                : std::optional<std::string>(it->second)});
+  }
+  return changes;
+}
+
+void KvStore::RollbackTo(Mark mark) {
+  while (undo_.size() > mark) {
+    Change& before = undo_.back();
+    auto it = data_.find(before.key);
+    if (it != data_.end()) {
+      Account(-static_cast<int64_t>(it->first.size() + it->second.size()));
+      data_.erase(it);
+    }
+    if (before.value) {
+      Account(static_cast<int64_t>(before.key.size() + before.value->size()));
+      data_.emplace(std::move(before.key), std::move(*before.value));
+    }
+    undo_.pop_back();
+  }
+}
+
+void KvStore::Commit(std::vector<Fired>* fired) {
+  std::vector<Change> changes = ChangesSince(0);
+  staging_ = false;
+  undo_.clear();
+  for (const auto& change : changes) WakeWatchers(change.key, fired);
 }
 
 absl::StatusOr<bool> KvStore::Check(
@@ -295,7 +363,9 @@ void KvStore::Reset(const absl::Status& why, std::vector<Fired>* fired) {
   watchers_.clear();
   deadlines_.clear();
   data_.clear();
-  total_bytes_ = 0;
+  Account(-static_cast<int64_t>(total_bytes_));
+  staging_ = false;
+  undo_.clear();
 }
 
 }  // namespace ctrun

@@ -5,6 +5,11 @@
 // callbacks back to the caller (as `Fired`) instead of running them, so the
 // caller can run them after releasing its lock.
 //
+// Mutations can be staged: the service applies a change, journals it, and
+// only then commits it (waking its waiters), or rolls it back when the
+// journal refused it, so that a change a client was told failed is never
+// seen by another.
+//
 // Not thread-safe: the owner serialises all calls.
 #ifndef CTRUN_RENDEZVOUS_KV_STORE_H_
 #define CTRUN_RENDEZVOUS_KV_STORE_H_
@@ -12,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -28,9 +34,18 @@ struct KvStoreLimits {
   size_t max_key_bytes = 4096;
   size_t max_value_bytes = 1 << 20;  // 1 MiB
   size_t max_keys = 100000;
-  size_t max_total_bytes = size_t{256} << 20;
+  // Keys plus values, in this store (one job's round).
+  size_t max_job_bytes = size_t{256} << 20;
   size_t max_keys_per_request = 10000;
   size_t max_waiters = 100000;
+};
+
+// Bytes (keys plus values) held by every store that shares it: a daemon's
+// limit across all its jobs. Each store adds what it holds and removes it
+// when it drops keys or is destroyed.
+struct StoreBudget {
+  size_t used = 0;
+  size_t limit = SIZE_MAX;
 };
 
 class KvStore {
@@ -47,9 +62,23 @@ class KvStore {
     absl::StatusOr<Values> result;
   };
 
-  explicit KvStore(KvStoreLimits limits = {}) : limits_(limits) {}
+  // One key's state after a mutation: its value, or none once deleted.
+  struct Change {
+    std::string key;
+    std::optional<std::string> value;
+  };
+  // A point in the staged mutations to roll back to.
+  using Mark = size_t;
 
-  // Each mutation appends the waiters it satisfies to `fired`.
+  // `budget`, when given, must outlive the store.
+  explicit KvStore(KvStoreLimits limits = {}, StoreBudget* budget = nullptr)
+      : limits_(limits), budget_(budget) {}
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  // Each mutation appends the waiters it satisfies to `fired` (while
+  // staging: on Commit).
   absl::Status Set(const std::string& key, std::string value,
                    std::vector<Fired>* fired);
   // All or nothing: when any pair is refused, nothing is set.
@@ -99,6 +128,19 @@ class KvStore {
   void Reset(const absl::Status& why, std::vector<Fired>* fired);
 
   size_t num_waiters() const { return waiters_.size(); }
+  // Keys plus values held.
+  size_t total_bytes() const { return total_bytes_; }
+
+  // Starts staging, if not yet, and returns the point to roll back to.
+  // While staging, mutations are kept undoable and wake no waiter.
+  Mark Stage();
+  // The keys mutated since `mark`, each once, with their values now.
+  std::vector<Change> ChangesSince(Mark mark) const;
+  // Undoes every mutation since `mark`; staging goes on.
+  void RollbackTo(Mark mark);
+  // Ends staging, keeping its mutations: wakes the waiters they satisfy.
+  void Commit(std::vector<Fired>* fired);
+  bool staging() const { return staging_; }
 
  private:
   struct Waiter {
@@ -113,14 +155,24 @@ class KvStore {
   // Stores without checks; the caller validated key, value and capacity.
   void Store(const std::string& key, std::string value,
              std::vector<Fired>* fired);
+  // Adds (or with a negative `delta`, removes) bytes held, here and in the
+  // budget.
+  void Account(int64_t delta);
+  // While staging, remembers `key`'s value before a mutation.
+  void RememberBefore(const std::string& key);
   // Whether adding `added_keys` new keys and `added_bytes` bytes fits.
   absl::Status CheckCapacity(size_t added_keys, int64_t added_bytes) const;
   void Unpark(WaiterId id);
   void WakeWatchers(const std::string& key, std::vector<Fired>* fired);
 
   const KvStoreLimits limits_;
+  StoreBudget* const budget_;
   absl::flat_hash_map<std::string, std::string> data_;
   size_t total_bytes_ = 0;
+
+  // Staged mutations, oldest first: each key's value before it.
+  bool staging_ = false;
+  std::vector<Change> undo_;
 
   WaiterId next_waiter_id_ = 1;
   absl::flat_hash_map<WaiterId, Waiter> waiters_;

@@ -35,7 +35,8 @@ struct RendezvousCore::Node {
 };
 
 struct RendezvousCore::Job {
-  explicit Job(const KvStoreLimits& store_limits) : store(store_limits) {}
+  Job(const KvStoreLimits& store_limits, StoreBudget* budget)
+      : store(store_limits, budget) {}
 
   std::string id;
   v1::JobSettings settings;
@@ -217,7 +218,9 @@ std::string DescribeFailure(const std::string& node_name,
 
 }  // namespace
 
-RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {}
+RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {
+  store_budget_.limit = limits_.max_store_bytes;
+}
 RendezvousCore::~RendezvousCore() = default;
 
 void RendezvousCore::OnSessionOpened(SessionId session, absl::Time now) {
@@ -290,7 +293,7 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
           absl::StrCat("the service holds ", jobs_.size(),
                        " jobs; the limit is ", limits_.max_jobs)));
     }
-    auto job = std::make_unique<Job>(limits_.store);
+    auto job = std::make_unique<Job>(limits_.store, &store_budget_);
     job->id = join.job_id();
     job->settings = *settings;
     job->round_opened = now;
@@ -1141,7 +1144,7 @@ absl::Status RendezvousCore::Restore(
       phase != v1::JobStatus::FINISHED && phase != v1::JobStatus::FAILED) {
     return bad("no phase");
   }
-  auto job = std::make_unique<Job>(limits_.store);
+  auto job = std::make_unique<Job>(limits_.store, &store_budget_);
   job->id = id;
   job->settings = *settings;
   job->phase = phase;

@@ -77,6 +77,8 @@ struct Effects {
 struct RendezvousLimits {
   size_t max_jobs = 10000;
   KvStoreLimits store;
+  // Keys plus values in the stores of all jobs together.
+  size_t max_store_bytes = size_t{1} << 30;
   // Collecting rounds tell their nodes how they stand at most this often.
   absl::Duration progress_interval = absl::Seconds(1);
   // How long a worker failure may turn out to be a node loss's consequence
@@ -146,6 +148,8 @@ class RendezvousCore {
                                             absl::Time now) const;
 
   size_t num_jobs() const { return jobs_.size(); }
+  // Keys plus values held in the stores of all jobs.
+  size_t store_bytes() const { return store_budget_.used; }
 
  private:
   struct Node;
@@ -196,6 +200,8 @@ class RendezvousCore {
   std::string JoinTimeoutReason(const Job& job) const;
 
   const RendezvousLimits limits_;
+  // Shared by the jobs' stores; declared first so that it outlives them.
+  StoreBudget store_budget_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   absl::flat_hash_map<SessionId, std::string> session_jobs_;
   SessionId next_detached_ = kDetachedSessions;

@@ -1,6 +1,7 @@
 #include "rendezvous/rendezvous_server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <deque>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -19,8 +21,8 @@
 #include "ctrun/v1/rendezvous.grpc.pb.h"
 #include "ctrun/v1/store.grpc.pb.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/durable_state.h"
 #include "rendezvous/grpc_status.h"
-#include "rendezvous/journal.h"
 #include "rendezvous/server_stream.h"
 #include "rendezvous/store_request.h"
 
@@ -59,6 +61,22 @@ struct Access {
 struct Delivery {
   std::vector<std::shared_ptr<SessionReactor>> flush;
   std::vector<KvStore::Fired> fired;
+  std::vector<std::pair<std::shared_ptr<StorePipe>, v1::StoreResponse>> replies;
+  // Stores dropped enough to give memory back to the system.
+  bool trim = false;
+};
+
+// A store request waiting for its turn.
+struct QueuedStoreRequest {
+  std::shared_ptr<StorePipe> pipe;
+  v1::StoreRequest request;
+};
+
+// Store mutations applied but not yet committed: their stores are staging
+// (kv_store.h) and their answers wait for the journal's commit.
+struct StoreBatch {
+  std::set<KvStore*> staging;
+  std::vector<std::pair<std::shared_ptr<StorePipe>, v1::StoreResponse>> answers;
 };
 
 }  // namespace
@@ -87,7 +105,9 @@ class RendezvousServer::Impl {
   void OnSessionDone(SessionId id);
 
   // Store streams. Answers `request` on `pipe`, now or, for a wait, when
-  // it ends.
+  // it ends. Requests are applied in the order they come, in batches: the
+  // thread that finds no batch running runs them all, so that the
+  // mutations of concurrent requests share one journal commit.
   void ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                     const v1::StoreRequest& request);
   // Drops the parked requests of a stream that ended.
@@ -129,12 +149,22 @@ class RendezvousServer::Impl {
   // Journals what `effects` changed; no-op without a state directory.
   void JournalJobsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Journals the keys a successful store `request` changed.
-  absl::Status JournalStoreLocked(const v1::StoreRequest& request,
-                                  const KvStore& store)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rewrites the journal from a checkpoint when it has grown enough.
   void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a batch of store requests in order.
+  void RunStoreBatchLocked(std::vector<QueuedStoreRequest>& queued,
+                           Delivery* delivery)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one request; a mutation joins `batch` (and `*fired` is for a
+  // read's waiters satisfied at once).
+  void ApplyStoreLocked(QueuedStoreRequest& queued, StoreBatch* batch,
+                        Delivery* delivery) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits the batch's mutations, or refuses them all when the journal
+  // cannot, and queues their answers.
+  void CommitLocked(StoreBatch* batch, Delivery* delivery)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether enough store memory was freed since the last trim to give it
+  // back to the system.
+  bool WantsTrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after Start.
   const ServerOptions options_;
@@ -152,7 +182,14 @@ class RendezvousServer::Impl {
   absl::Time timer_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool timer_wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DurableState> durable_ ABSL_GUARDED_BY(mu_);
+  // The most store bytes held since memory was last given back.
+  size_t store_bytes_peak_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Store requests not yet applied, and whether a thread is applying them.
+  absl::Mutex queue_mu_;
+  std::vector<QueuedStoreRequest> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool applying_ ABSL_GUARDED_BY(queue_mu_) = false;
 };
 
 namespace {
@@ -513,9 +550,14 @@ void Impl::OnSessionDone(SessionId id) {
 
 absl::Status Impl::RestoreLocked() {
   if (options_.state_dir.empty()) return absl::OkStatus();
+  auto files = StateFilesFromEnvironment();
+  if (!files.ok()) return files.status();
   std::map<std::string, JournaledJob> jobs;
-  auto journal = Journal::Open(options_.state_dir, &jobs);
-  if (!journal.ok()) return journal.status();
+  auto durable =
+      DurableState::Open({options_.state_dir, options_.fsync,
+                          options_.repair_state_dir, *std::move(files)},
+                         &jobs);
+  if (!durable.ok()) return durable.status();
   const absl::Time now = MonotonicNow();
   size_t nodes = 0;
   for (const auto& [id, job] : jobs) {
@@ -533,86 +575,42 @@ absl::Status Impl::RestoreLocked() {
                  v1::JobStatus::Phase_Name(job.snapshot.phase()),
                  job.keys.size());
   }
-  journal_ = std::move(*journal);
-  if (auto s = journal_->Rewrite(core_.Checkpoint()); !s.ok()) return s;
-  spdlog::info("state in {}: {} jobs restored, {} nodes have {} to resume",
-               options_.state_dir, jobs.size(), nodes,
-               absl::FormatDuration(options_.reconnect_grace));
+  durable_ = *std::move(durable);
+  if (auto s = durable_->Rewrite(core_.Checkpoint()); !s.ok()) return s;
+  spdlog::info(
+      "state in {} (fsync {}): {} jobs restored, {} nodes have {} to resume",
+      options_.state_dir, std::string(FsyncPolicyName(options_.fsync)),
+      jobs.size(), nodes, absl::FormatDuration(options_.reconnect_grace));
   return absl::OkStatus();
 }
 
 void Impl::JournalJobsLocked(const Effects& effects) {
   // A service that is stopping ends its sessions without the jobs ending:
   // the next one resumes them.
-  if (!journal_ || stopping_ || effects.changed_jobs.empty()) return;
-  std::vector<std::string> ids = effects.changed_jobs;
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  for (const auto& id : ids) {
-    v1::JournalRecord record;
-    if (auto snapshot = core_.SnapshotJob(id)) {
-      *record.mutable_job() = std::move(*snapshot);
-    } else {
-      record.set_forget_job(id);
-    }
-    if (auto s = journal_->Append(record, /*sync=*/true); !s.ok()) {
-      spdlog::error("state of job {} not saved: {}", id,
-                    std::string(s.message()));
-    }
-  }
+  if (!durable_ || stopping_) return;
+  if (effects.changed_jobs.empty() && !durable_->HasUnsavedJobs()) return;
+  durable_->SaveJobs(
+      effects.changed_jobs,
+      [this](const std::string& id)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return core_.SnapshotJob(id); });
   MaybeCompactLocked();
-}
-
-absl::Status Impl::JournalStoreLocked(const v1::StoreRequest& request,
-                                      const KvStore& store) {
-  if (!journal_) return absl::OkStatus();
-  std::vector<std::string> changed;
-  switch (request.op_case()) {
-    case v1::StoreRequest::kSet:
-      changed.push_back(request.set().key());
-      break;
-    case v1::StoreRequest::kAdd:
-      changed.push_back(request.add().key());
-      break;
-    case v1::StoreRequest::kCompareSet:
-      changed.push_back(request.compare_set().key());
-      break;
-    case v1::StoreRequest::kMultiSet:
-      for (const auto& e : request.multi_set().entries()) {
-        changed.push_back(e.key());
-      }
-      break;
-    case v1::StoreRequest::kDelete: {
-      v1::JournalRecord record;
-      auto* d = record.mutable_delete_();
-      d->set_job_id(request.scope().job_id());
-      d->set_round(request.scope().round());
-      d->set_key(request.delete_().key());
-      return journal_->Append(record, /*sync=*/false);
-    }
-    default:
-      return absl::OkStatus();  // a read
-  }
-  auto values = store.MultiGet(changed);
-  if (!values.ok()) return values.status();
-  for (size_t i = 0; i < changed.size(); ++i) {
-    v1::JournalRecord record;
-    auto* put = record.mutable_put();
-    put->set_job_id(request.scope().job_id());
-    put->set_round(request.scope().round());
-    put->set_key(changed[i]);
-    put->set_value((*values)[i]);
-    if (auto s = journal_->Append(record, /*sync=*/false); !s.ok()) return s;
-  }
-  MaybeCompactLocked();
-  return absl::OkStatus();
 }
 
 void Impl::MaybeCompactLocked() {
-  if (!journal_->WantsRewrite()) return;
-  if (auto s = journal_->Rewrite(core_.Checkpoint()); !s.ok()) {
-    spdlog::error("cannot compact the journal: {}", std::string(s.message()));
-  }
+  durable_->MaybeCompact([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return core_.Checkpoint();
+  });
+}
+
+bool Impl::WantsTrimLocked() {
+  // glibc keeps freed memory in its arenas; a daemon whose jobs ended
+  // should not keep their stores' share.
+  constexpr size_t kTrimAfterBytes = size_t{64} << 20;
+  const size_t now = core_.store_bytes();
+  store_bytes_peak_ = std::max(store_bytes_peak_, now);
+  if (store_bytes_peak_ - now < kTrimAfterBytes) return false;
+  store_bytes_peak_ = now;
+  return true;
 }
 
 Delivery Impl::StageLocked(Effects& effects) {
@@ -625,7 +623,7 @@ Delivery Impl::StageLocked(Effects& effects) {
     return it == sessions_.end() ? nullptr : it->second;
   };
   for (auto& [id, message] : effects.messages) {
-    if (message.has_assignment() && journal_) {
+    if (message.has_assignment() && durable_) {
       message.mutable_assignment()->set_resumable(true);
     }
     if (auto r = reactor_of(id)) {
@@ -640,6 +638,7 @@ Delivery Impl::StageLocked(Effects& effects) {
     }
   }
   delivery.fired = std::move(effects.fired);
+  delivery.trim = WantsTrimLocked();
   WakeTimerLocked();
   return delivery;
 }
@@ -674,14 +673,11 @@ void Impl::LogEffectsLocked(const Effects& effects) {
 
 void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                         const v1::StoreRequest& request) {
-  v1::StoreResponse response;
-  response.set_id(request.id());
-  std::optional<KvStore::WaiterId> parked;
-  absl::Status status;
-  Delivery delivery;
   if (!pipe->access().Allows(request.scope().job_id())) {
     spdlog::warn("refused a store request for job {}: the token is for {}",
                  request.scope().job_id(), *pipe->access().job);
+    v1::StoreResponse response;
+    response.set_id(request.id());
     response.set_code(
         static_cast<int32_t>(absl::StatusCode::kPermissionDenied));
     response.set_message(std::string(
@@ -690,33 +686,123 @@ void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
     return;
   }
   {
-    absl::MutexLock lock(&mu_);
-    auto store = core_.Store(request.scope());
+    absl::MutexLock lock(&queue_mu_);
+    queue_.push_back({pipe, request});
+    if (applying_) return;  // that thread applies it
+    applying_ = true;
+  }
+  while (true) {
+    std::vector<QueuedStoreRequest> queued;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      if (queue_.empty()) {
+        applying_ = false;
+        return;
+      }
+      queued.swap(queue_);
+    }
+    Delivery delivery;
+    {
+      absl::MutexLock lock(&mu_);
+      RunStoreBatchLocked(queued, &delivery);
+    }
+    Deliver(delivery);
+  }
+}
+
+void Impl::RunStoreBatchLocked(std::vector<QueuedStoreRequest>& queued,
+                               Delivery* delivery) {
+  StoreBatch batch;
+  for (auto& q : queued) {
+    const bool mutation = IsStoreMutation(q.request);
+    // A read sees only what is committed.
+    if (!mutation) CommitLocked(&batch, delivery);
+    ApplyStoreLocked(q, &batch, delivery);
+    if (mutation && (!durable_ || durable_->CommitsEachChange())) {
+      CommitLocked(&batch, delivery);
+    }
+  }
+  CommitLocked(&batch, delivery);
+  if (durable_) MaybeCompactLocked();
+  delivery->trim = WantsTrimLocked();
+  WakeTimerLocked();
+}
+
+void Impl::ApplyStoreLocked(QueuedStoreRequest& queued, StoreBatch* batch,
+                            Delivery* delivery) {
+  const v1::StoreRequest& request = queued.request;
+  v1::StoreResponse response;
+  response.set_id(request.id());
+  auto store = core_.Store(request.scope());
+  absl::Status status = store.status();
+  std::optional<KvStore::WaiterId> parked;
+  if (store.ok()) {
+    KvStore& kv = **store;
+    const bool mutation = IsStoreMutation(request);
+    const KvStore::Mark mark = mutation ? kv.Stage() : 0;
+    if (mutation) batch->staging.insert(&kv);
     const uint64_t id = request.id();
-    auto answer_later = [pipe, id](v1::StoreResponse later) {
+    auto answer_later = [pipe = queued.pipe, id](v1::StoreResponse later) {
       pipe->Untrack(id);
       pipe->Reply(std::move(later));
     };
-    status = store.ok() ? ApplyStoreRequest(**store, request, MonotonicNow(),
-                                            std::move(answer_later), &response,
-                                            &parked, &delivery.fired)
-                        : store.status();
-    if (status.ok() && !parked) {
-      if (auto s = JournalStoreLocked(request, **store); !s.ok()) {
+    std::vector<KvStore::Change> changed;
+    status =
+        ApplyStoreRequest(kv, request, MonotonicNow(), std::move(answer_later),
+                          &response, &parked, &delivery->fired, &changed);
+    if (status.ok() && durable_ && !changed.empty()) {
+      if (auto s = durable_->AppendStoreChange(request.scope(), changed);
+          !s.ok()) {
+        kv.RollbackTo(mark);
         spdlog::error("store change not saved: {}", std::string(s.message()));
         status = absl::UnavailableError(absl::StrCat(
             "the service could not save the change: ", s.message()));
       }
     }
-    if (parked && *parked != 0) pipe->Track(id, request.scope(), *parked);
-    WakeTimerLocked();
+    if (status.ok() && mutation) {
+      batch->answers.emplace_back(queued.pipe, std::move(response));
+      return;
+    }
   }
-  if (!parked) {
-    response.set_code(static_cast<int32_t>(status.code()));
-    response.set_message(std::string(status.message()));
-    pipe->Reply(std::move(response));
+  if (parked) {
+    if (*parked != 0)
+      queued.pipe->Track(request.id(), request.scope(), *parked);
+    return;
   }
-  Deliver(delivery);
+  if (!status.ok()) {
+    response.Clear();
+    response.set_id(request.id());
+  }
+  response.set_code(static_cast<int32_t>(status.code()));
+  response.set_message(std::string(status.message()));
+  delivery->replies.emplace_back(queued.pipe, std::move(response));
+}
+
+void Impl::CommitLocked(StoreBatch* batch, Delivery* delivery) {
+  if (batch->staging.empty()) return;
+  const absl::Status committed =
+      durable_ ? durable_->Commit() : absl::OkStatus();
+  for (KvStore* store : batch->staging) {
+    if (!committed.ok()) store->RollbackTo(0);
+    store->Commit(&delivery->fired);
+  }
+  if (!committed.ok()) {
+    spdlog::error("{} store changes not saved: {}", batch->answers.size(),
+                  std::string(committed.message()));
+  }
+  for (auto& [pipe, response] : batch->answers) {
+    if (!committed.ok()) {
+      const uint64_t id = response.id();
+      response.Clear();
+      response.set_id(id);
+      response.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
+      response.set_message(absl::StrCat(
+          "the service could not save the change: ", committed.message()));
+    }
+    delivery->replies.emplace_back(std::move(pipe), std::move(response));
+  }
+  batch->staging.clear();
+  batch->answers.clear();
 }
 
 void Impl::CancelWaits(const absl::flat_hash_map<uint64_t, Parked>& parked) {
@@ -735,7 +821,11 @@ void Impl::WakeTimerLocked() {
 
 void Impl::Deliver(Delivery& delivery) {
   for (auto& reactor : delivery.flush) reactor->Flush();
+  for (auto& [pipe, response] : delivery.replies) {
+    pipe->Reply(std::move(response));
+  }
   for (auto& fired : delivery.fired) fired.callback(std::move(fired.result));
+  if (delivery.trim) malloc_trim(0);
 }
 
 void Impl::TimerLoop() {

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rendezvous/durable_state.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/munge.h"
 #include "rendezvous/rendezvous_core.h"
@@ -46,6 +47,10 @@ struct ServerOptions {
   // (journal.h) and restored by the next service started with it: agents
   // resume without restarting their workers.
   std::string state_dir;
+  // When store changes and job states are synced (durable_state.h).
+  FsyncPolicy fsync = FsyncPolicy::kBatch;
+  // Start from a journal damaged before its end (Journal::Options::repair).
+  bool repair_state_dir = false;
   // How long restored nodes have to resume before they count as lost.
   absl::Duration reconnect_grace = absl::Seconds(10);
   // The largest request the transport accepts; larger ones fail with

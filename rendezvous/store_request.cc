@@ -10,13 +10,10 @@ namespace {
 
 using Fill = std::function<void(v1::StoreResponse*, KvStore::Values)>;
 
-}  // namespace
-
-absl::Status ApplyStoreRequest(KvStore& store, const v1::StoreRequest& req,
-                               absl::Time now, AnswerLater answer_later,
-                               v1::StoreResponse* resp,
-                               std::optional<KvStore::WaiterId>* parked,
-                               std::vector<KvStore::Fired>* fired) {
+absl::Status Apply(KvStore& store, const v1::StoreRequest& req, absl::Time now,
+                   AnswerLater answer_later, v1::StoreResponse* resp,
+                   std::optional<KvStore::WaiterId>* parked,
+                   std::vector<KvStore::Fired>* fired) {
   auto read = [&](std::vector<std::string> keys, int64_t wait_ms,
                   Fill fill) -> absl::Status {
     if (wait_ms < 0) {
@@ -111,6 +108,42 @@ absl::Status ApplyStoreRequest(KvStore& store, const v1::StoreRequest& req,
       break;
   }
   return absl::InvalidArgumentError("store request without an operation");
+}
+
+}  // namespace
+
+bool IsStoreMutation(const v1::StoreRequest& request) {
+  switch (request.op_case()) {
+    case v1::StoreRequest::kSet:
+    case v1::StoreRequest::kAdd:
+    case v1::StoreRequest::kCompareSet:
+    case v1::StoreRequest::kMultiSet:
+    case v1::StoreRequest::kDelete:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Status ApplyStoreRequest(KvStore& store, const v1::StoreRequest& request,
+                               absl::Time now, AnswerLater answer_later,
+                               v1::StoreResponse* response,
+                               std::optional<KvStore::WaiterId>* parked,
+                               std::vector<KvStore::Fired>* fired,
+                               std::vector<KvStore::Change>* changed) {
+  if (!IsStoreMutation(request)) {
+    return Apply(store, request, now, std::move(answer_later), response, parked,
+                 fired);
+  }
+  const KvStore::Mark mark = store.Stage();
+  absl::Status status = Apply(store, request, now, std::move(answer_later),
+                              response, parked, fired);
+  if (status.ok()) {
+    *changed = store.ChangesSince(mark);
+  } else {
+    store.RollbackTo(mark);
+  }
+  return status;
 }
 
 }  // namespace ctrun

@@ -20,10 +20,11 @@ void MakeSelfSignedCert(const std::string& ip, const std::string& cert,
   REQUIRE(openssl.Wait(absl::Seconds(60)) == 0);
 }
 
-Daemon::Daemon(std::vector<std::string> extra_args, const std::string& listen) {
+Daemon::Daemon(std::vector<std::string> extra_args, const std::string& listen,
+               std::vector<std::string> env) {
   std::vector<std::string> argv = {CtrundPath(), "--listen", listen};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  process_ = std::make_unique<ChildProcess>(argv);
+  process_ = std::make_unique<ChildProcess>(argv, std::move(env));
   auto line = process_->ReadLine(absl::Seconds(10));
   INFO("ctrund stderr: " << process_->Stderr());
   REQUIRE(line);

@@ -26,10 +26,12 @@ void MakeSelfSignedCert(const std::string& ip, const std::string& cert,
 
 class Daemon {
  public:
-  // Starts ctrund --listen `listen` plus `extra_args`, and waits for its
-  // "listening" line. Fails the current test if it does not come.
+  // Starts ctrund --listen `listen` plus `extra_args`, with `env` added to
+  // its environment, and waits for its "listening" line. Fails the current
+  // test if it does not come.
   explicit Daemon(std::vector<std::string> extra_args = {},
-                  const std::string& listen = "127.0.0.1:0");
+                  const std::string& listen = "127.0.0.1:0",
+                  std::vector<std::string> env = {});
 
   const std::string& endpoint() const { return endpoint_; }
   ChildProcess& process() { return *process_; }

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+
 namespace ctrun {
 namespace {
 
@@ -240,9 +242,88 @@ TEST_CASE("Store refuses empty and oversized keys", "[store][unit]") {
   KvStore store;
   std::vector<KvStore::Fired> fired;
   CHECK(absl::IsInvalidArgument(store.Set("", "v", &fired)));
-  CHECK(
-      absl::IsInvalidArgument(store.Set(std::string(4097, 'k'), "v", &fired)));
+  const absl::Status long_key = store.Set(std::string(4097, 'k'), "v", &fired);
+  CHECK(absl::IsInvalidArgument(long_key));
+  // The size is said once.
+  CHECK(long_key.message() == absl::StrCat("store key '", std::string(64, 'k'),
+                                           "...' has 4097 bytes; the limit is "
+                                           "4096"));
   CHECK(absl::IsInvalidArgument(store.MultiGet({""}).status()));
+}
+
+TEST_CASE(
+    "Staged changes wake no waiter until committed, and roll back "
+    "whole",
+    "[store][unit]") {
+  KvStore store;
+  std::vector<KvStore::Fired> fired;
+  REQUIRE(store.Set("kept", "old", &fired).ok());
+  Outcome waiting;
+  REQUIRE(
+      store.Park({"new"}, kT0 + absl::Seconds(5), waiting.Callback(), &fired)
+          .ok());
+  const size_t bytes = store.total_bytes();
+
+  const KvStore::Mark start = store.Stage();
+  REQUIRE(store.Set("new", "1", &fired).ok());
+  REQUIRE(store.Set("kept", "changed", &fired).ok());
+  REQUIRE(store.Delete("kept").ok());
+  CHECK(fired.empty());  // nobody sees it yet
+  const std::vector<KvStore::Change> changes = store.ChangesSince(start);
+  REQUIRE(changes.size() == 2);
+  CHECK(changes[0].key == "new");
+  CHECK(changes[0].value == std::optional<std::string>("1"));
+  CHECK(changes[1].key == "kept");
+  CHECK(changes[1].value == std::nullopt);
+
+  store.RollbackTo(start);
+  store.Commit(&fired);
+  CHECK(fired.empty());
+  CHECK(store.MultiGet({"kept"})->front() == "old");
+  CHECK(absl::IsNotFound(store.MultiGet({"new"}).status()));
+  CHECK(store.total_bytes() == bytes);
+
+  store.Stage();
+  REQUIRE(store.Set("new", "2", &fired).ok());
+  CHECK(fired.empty());
+  store.Commit(&fired);
+  RunAll(fired);
+  REQUIRE(waiting.result);
+  CHECK(**waiting.result == KvStore::Values{"2"});
+}
+
+TEST_CASE(
+    "Stores sharing a budget refuse past it, naming each flag, and "
+    "give back what they drop",
+    "[store][unit]") {
+  StoreBudget budget;
+  budget.limit = 100;
+  KvStoreLimits limits;
+  limits.max_job_bytes = 60;
+  std::vector<KvStore::Fired> fired;
+  {
+    KvStore a(limits, &budget);
+    KvStore b(limits, &budget);
+    REQUIRE(a.Set("a", std::string(49, 'x'), &fired).ok());  // 50 bytes
+    const absl::Status job = a.Set("a2", std::string(20, 'x'), &fired);
+    CHECK(absl::IsResourceExhausted(job));
+    CHECK(job.message() ==
+          "the job's store holds 50 bytes and this adds 22; the limit is 60 "
+          "(ctrund --max-job-store-bytes)");
+    REQUIRE(b.Set("b", std::string(39, 'x'), &fired).ok());  // 40 bytes
+    const absl::Status all = b.Set("b2", std::string(18, 'x'), &fired);
+    CHECK(absl::IsResourceExhausted(all));
+    CHECK(all.message() ==
+          "the stores of all jobs hold 90 bytes and this adds 20; the limit "
+          "is 100 (ctrund --max-store-bytes)");
+    REQUIRE(a.Delete("a").ok());
+    CHECK(budget.used == 40);
+    CHECK(b.Set("b2", std::string(18, 'x'), &fired).ok());
+    b.Reset(absl::AbortedError("round over"), &fired);
+    CHECK(budget.used == 0);
+    REQUIRE(a.Set("a", "1", &fired).ok());
+  }
+  CHECK(budget.used == 0);  // a store that goes gives its bytes back
 }
 
 TEST_CASE("Store refuses keys beyond its key limit", "[store][unit]") {

@@ -910,8 +910,9 @@ void Restart(Harness& from, Harness& to,
   for (const auto& record : from.core().Checkpoint()) {
     bytes += FrameRecord(record);
   }
-  size_t dropped = 0;
-  for (const auto& [id, job] : ReplayJournal(bytes, &dropped)) {
+  const JournalContents contents = ReadJournal(bytes);
+  REQUIRE(contents.damage.empty());
+  for (const auto& [id, job] : contents.jobs) {
     REQUIRE(to.core()
                 .Restore(job.snapshot, {job.keys.begin(), job.keys.end()},
                          grace, to.now())
