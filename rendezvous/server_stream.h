@@ -92,10 +92,18 @@ class ServerStream : public grpc::ServerBidiReactor<In, Out> {
   void OnReadDone(bool ok) final {
     if (!ok) {
       OnPeerGone();
-      EnqueueFinish(absl::OkStatus());
+      // gRPC tells a message that does not parse from a half-close only in
+      // this: a stream that ends before its first message is refused.
+      EnqueueFinish(read_any_
+                        ? absl::OkStatus()
+                        : absl::InvalidArgumentError(
+                              "the stream ended before a whole first message: "
+                              "it sent none, or one that does not parse as "
+                              "this service's request"));
       Flush();
       return;
     }
+    read_any_ = true;
     OnMessage(in_);
     {
       absl::MutexLock lock(&mu_);
@@ -123,7 +131,8 @@ class ServerStream : public grpc::ServerBidiReactor<In, Out> {
     std::shared_ptr<ServerStream> self = std::move(self_);
   }
 
-  In in_;  // only touched by the read chain
+  In in_;                  // only touched by the read chain
+  bool read_any_ = false;  // likewise
   std::shared_ptr<ServerStream> self_;
 
   absl::Mutex mu_;

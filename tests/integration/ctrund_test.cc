@@ -1,5 +1,6 @@
 // The real ctrund process on 127.0.0.1:0, driven by in-process sessions and
 // by test_agent processes.
+#include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -357,6 +358,57 @@ TEST_CASE("Store operations work end to end", "[ctrund][integration]") {
   CHECK(*store.NumKeys() == 3);
   CHECK(absl::IsNotFound(
       StoreClient(daemon.Connect(), "no-such-job", 0).Set("k", "v")));
+}
+
+// Sends `bytes` as the one message of a stream to `method`, half-closes,
+// and returns how the service ended the stream.
+grpc::Status SendRaw(const Connection& connection, const std::string& method,
+                     const std::string& bytes) {
+  grpc::GenericStub stub(connection.channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  grpc::CompletionQueue queue;
+  auto call = stub.PrepareCall(&context, method, &queue);
+  auto step = [&queue](auto&& start) {
+    start(reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    REQUIRE(queue.Next(&tag, &ok));
+    return ok;
+  };
+  step([&](void* tag) { call->StartCall(tag); });
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer message(&slice, 1);
+  step([&](void* tag) { call->Write(message, tag); });
+  step([&](void* tag) { call->WritesDone(tag); });
+  grpc::Status status;
+  step([&](void* tag) { call->Finish(&status, tag); });
+  queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST_CASE(
+    "A stream whose first message does not parse is refused with "
+    "INVALID_ARGUMENT",
+    "[ctrund][integration]") {
+  Daemon daemon;
+  // Field 0x1fffffff with wire type 7: no protobuf message parses it.
+  const std::string garbage = "\xff\xff\xff\xff\xff";
+  for (const char* method :
+       {"/ctrun.v1.Rendezvous/Session", "/ctrun.v1.Store/Pipe"}) {
+    INFO(method);
+    const grpc::Status status = SendRaw(daemon.Connect(), method, garbage);
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message().find("does not parse") != std::string::npos);
+  }
+  // A well-formed join still opens a session.
+  SessionProbe probe(daemon.Connect(), MakeJoin(JoinSpec{}));
+  CHECK(probe.NextAssignment(absl::Seconds(10)));
 }
 
 TEST_CASE("ctrund status shows jobs nodes and ranks", "[ctrund][integration]") {
