@@ -352,6 +352,12 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
          effects);
     omp_notice_given_ = true;
   }
+  if (!a.restart_refunded().empty()) {
+    refunds_.push_back(a.restart_refunded());
+    Tell(absl::StrCat(a.restart_refunded(), " (restarts used ",
+                      a.restart_count(), "/", a.max_restarts(), ")"),
+         effects);
+  }
   effects->push_back(StartWorkers{a});
 }
 
@@ -548,6 +554,8 @@ void AgentPolicy::OnStopped(absl::Time now, AgentEffects* effects) {
 }
 
 int AgentPolicy::ExitCode(AgentEffects* effects) const {
+  // A run that spent fewer restarts than it failed says why.
+  for (const std::string& refund : refunds_) Tell(refund, effects);
   switch (ending_) {
     case Ending::kSignal:
       return 128 + exit_signal_;

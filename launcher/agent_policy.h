@@ -294,6 +294,8 @@ class AgentPolicy {
   v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;
   std::vector<WorkerFailureRecord> failures_;  // this attempt, first first
   bool omp_notice_given_ = false;
+  // Restarts the service gave back (Assignment.restart_refunded), in order.
+  std::vector<std::string> refunds_;
 
   // Deadlines; InfiniteFuture when not armed.
   absl::Time first_answer_deadline_ = absl::InfiniteFuture();

@@ -92,8 +92,11 @@ std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
 std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
   const auto& o = config_.options;
   workers_.clear();
+  // By round, not restart count: a round whose restart was given back, or
+  // opened for a membership change, must not overwrite an earlier one's
+  // logs and error files.
   const std::string attempt_dir =
-      absl::StrCat(config_.run_dir, "/attempt_", a.restart_count());
+      absl::StrCat(config_.run_dir, "/attempt_", a.round());
   std::error_code ec;
   std::filesystem::remove_all(attempt_dir, ec);
   std::filesystem::create_directories(attempt_dir, ec);

@@ -75,6 +75,8 @@ struct RendezvousCore::Job {
   // The last restart spent on a worker failure: refunded when, within the
   // settle time, a node of that round turns out to have been lost.
   int64_t failure_restart_round = -1;
+  // Why a restart was given back, for the next round's assignments.
+  std::string refund_reason;
   absl::Time failure_restart_at = absl::InfinitePast();
 
   // Restored from a journal: the survivors of its collecting round are not
@@ -599,6 +601,10 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     // is given back.
     --job.restart_count;
     job.failure_restart_round = -1;
+    job.refund_reason = absl::StrCat(
+        "the restart spent on a worker failure in round ", job.round - 1,
+        " was given back: node ", node.Name(), " of that round was lost (", why,
+        "), and the failure was its consequence");
     effects->changed_jobs.push_back(job.id);
   }
   if (collecting) {
@@ -742,8 +748,10 @@ void RendezvousCore::CloseRound(Job& job, Effects* effects) {
     a->set_restart_count(job.restart_count);
     a->set_max_restarts(job.settings.max_restarts());
     a->set_job_id(job.id);
+    a->set_restart_refunded(job.refund_reason);
     effects->messages.emplace_back(node.session, std::move(m));
   }
+  job.refund_reason.clear();
 }
 
 void RendezvousCore::FailJob(Job& job, const std::string& reason,

@@ -426,6 +426,30 @@ TEST_CASE("A spare node that was never admitted says so when the job ends",
   CHECK(ran.ExitCode() == 0);
 }
 
+TEST_CASE("A restart given back is said when it happens and when the job ends",
+          "[agent][unit]") {
+  Harness h;
+  v1::ServerMessage m;
+  auto* a = m.mutable_assignment();
+  a->set_round(1);
+  a->set_restart_count(0);
+  a->set_max_restarts(3);
+  a->set_restart_refunded(
+      "the restart spent on a worker failure in round 0 was given back: node "
+      "c:3 of that round was lost (its session closed), and the failure was "
+      "its consequence");
+  h.Message(m);
+  CHECK(
+      h.Said("in round 0 was given back: node c:3 of that round was lost "
+             "(its session closed), and the failure was its consequence "
+             "(restarts used 0/3)"));
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  h.Message(Finished());  // effects now: the job's end alone
+  CHECK(h.ExitCode() == 0);
+  CHECK(h.Said("in round 0 was given back: node c:3"));
+}
+
 TEST_CASE("A signal while joining exits at once", "[agent][unit]") {
   Harness h;
   h.Signal(SIGTERM);

@@ -506,6 +506,15 @@ TEST_CASE("A node loss right after a failure gives its restart back",
   REQUIRE(a);
   CHECK(a->round() == 1);
   CHECK(a->restart_count() == 0);
+  // Its agents are told why, once.
+  CHECK(a->restart_refunded().find("round 0 was given back: node c:") !=
+        std::string::npos);
+  h.Report(1, 1, v1::WorkerReport::FAILED);
+  h.Advance(absl::Seconds(2));
+  h.Rejoin(1, 2);
+  h.Rejoin(2, 2);
+  REQUIRE(h.LastAssignment(1)->round() == 2);
+  CHECK(h.LastAssignment(1)->restart_refunded().empty());
 }
 
 TEST_CASE("A node loss long after a failure keeps the restart spent",
@@ -520,6 +529,7 @@ TEST_CASE("A node loss long after a failure keeps the restart spent",
   h.Rejoin(1, 1);
   h.Rejoin(2, 1);
   CHECK(h.LastAssignment(1)->restart_count() == 1);
+  CHECK(h.LastAssignment(1)->restart_refunded().empty());
 }
 
 TEST_CASE("A lost node spends no restart", "[rendezvous][unit]") {
