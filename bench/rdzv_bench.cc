@@ -7,6 +7,9 @@
 //   rdzv_bench store --ctrund PATH --clients C --seconds S
 //       C clients (threads, own connections) doing blocking get (then set)
 //       in a loop; reports operations per second.
+//   rdzv_bench fsync --ctrund PATH --clients C --seconds S --state-dir DIR
+//       blocking sets, as `store` does, against a daemon without state and
+//       one with DIR for each --fsync policy (never, batch, always).
 //   rdzv_bench broadcast --ctrund PATH --waiters N
 //       N waiting gets parked on one key, then one set; reports the time
 //       from the set to the last waiter's answer.
@@ -26,6 +29,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -59,7 +63,14 @@ void RaiseFileLimit() {
 // A ctrund process on 127.0.0.1:0, killed on destruction.
 class DaemonProcess {
  public:
-  explicit DaemonProcess(const std::string& path) {
+  explicit DaemonProcess(const std::string& path,
+                         std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {path, "--listen", "127.0.0.1:0",
+                                     "--log-level", "warn"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
     int out[2];
     if (pipe(out) != 0) Die("pipe failed");
     pid_ = fork();
@@ -71,8 +82,7 @@ class DaemonProcess {
       const int null = open("/dev/null", O_WRONLY);
       dup2(null, STDERR_FILENO);
       close(out[0]);
-      execl(path.c_str(), path.c_str(), "--listen", "127.0.0.1:0",
-            "--log-level", "warn", static_cast<char*>(nullptr));
+      execv(path.c_str(), args.data());
       _exit(127);
     }
     close(out[1]);
@@ -232,47 +242,83 @@ std::unique_ptr<SessionStream> OpenJob(const Connection& c) {
   return stream;
 }
 
+// Blocking `get`s of one key, or `set`s of 64-byte values (each client its
+// own key), by `clients` clients on their own connections for `seconds`;
+// operations per second.
+double OpsPerSecond(const DaemonProcess& daemon, bool get, int clients,
+                    double seconds) {
+  std::vector<std::unique_ptr<StoreClient>> stores;
+  for (int i = 0; i < clients; ++i) {
+    stores.push_back(
+        std::make_unique<StoreClient>(Connect(daemon.endpoint()), "bench", 0));
+  }
+  if (!stores[0]->Set("key", std::string(64, 'v')).ok()) Die("set failed");
+  std::atomic<bool> stop{false};
+  std::atomic<long> ops{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      long n = 0;
+      const std::string key = get ? "key" : absl::StrCat("key", i);
+      const std::string value(64, 'v');
+      while (!stop) {
+        const absl::Status s =
+            get ? stores[i]->Get(key).status() : stores[i]->Set(key, value);
+        if (!s.ok()) Die("store operation failed: " + s.ToString());
+        ++n;
+      }
+      ops += n;
+    });
+  }
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  stop = true;
+  for (auto& t : threads) t.join();
+  return static_cast<double>(ops) / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
 int Store(const std::string& ctrund, int clients, double seconds) {
   DaemonProcess daemon(ctrund);
   auto session = OpenJob(Connect(daemon.endpoint()));
   for (const char* op : {"get", "set"}) {
-    std::vector<std::unique_ptr<StoreClient>> stores;
-    for (int i = 0; i < clients; ++i) {
-      stores.push_back(std::make_unique<StoreClient>(Connect(daemon.endpoint()),
-                                                     "bench", 0));
-    }
-    if (!stores[0]->Set("key", std::string(64, 'v')).ok()) Die("set failed");
-    std::atomic<bool> stop{false};
-    std::atomic<long> ops{0};
-    std::vector<std::thread> threads;
-    const bool get = std::string(op) == "get";
-    for (int i = 0; i < clients; ++i) {
-      threads.emplace_back([&, i] {
-        long n = 0;
-        const std::string key = get ? "key" : absl::StrCat("key", i);
-        const std::string value(64, 'v');
-        while (!stop) {
-          const absl::Status s =
-              get ? stores[i]->Get(key).status() : stores[i]->Set(key, value);
-          if (!s.ok()) Die("store operation failed: " + s.ToString());
-          ++n;
-        }
-        ops += n;
-      });
-    }
-    const absl::Time start = absl::Now();
-    absl::SleepFor(absl::Seconds(seconds));
-    stop = true;
-    for (auto& t : threads) t.join();
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    const double per_second =
+        OpsPerSecond(daemon, std::string(op) == "get", clients, seconds);
     std::printf(
         "{\"bench\":\"store\",\"op\":\"%s\",\"clients\":%d,\"ops_per_s\":%.0f}"
         "\n",
-        op, clients, static_cast<double>(ops) / elapsed);
+        op, clients, per_second);
     std::fflush(stdout);
   }
   session->Close();
   session->Wait().IgnoreError();
+  return 0;
+}
+
+int Fsync(const std::string& ctrund, int clients, double seconds,
+          const std::string& state_dir) {
+  if (state_dir.empty()) Die("fsync needs --state-dir DIR");
+  for (const char* policy : {"none", "never", "batch", "always"}) {
+    std::vector<std::string> flags;
+    const std::string dir = absl::StrCat(state_dir, "/", policy);
+    if (std::string(policy) != "none") {
+      std::filesystem::create_directories(state_dir);
+      flags = {"--state-dir", dir, "--fsync", policy};
+    }
+    double per_second;
+    {
+      DaemonProcess daemon(ctrund, flags);
+      auto session = OpenJob(Connect(daemon.endpoint()));
+      per_second = OpsPerSecond(daemon, /*get=*/false, clients, seconds);
+      session->Close();
+      session->Wait().IgnoreError();
+    }
+    std::filesystem::remove_all(dir);
+    std::printf(
+        "{\"bench\":\"fsync\",\"policy\":\"%s\",\"clients\":%d,"
+        "\"ops_per_s\":%.0f}\n",
+        policy, clients, per_second);
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -326,6 +372,7 @@ int main(int argc, char** argv) {
   if (argc < 2) Die("usage: rdzv_bench rendezvous|store|broadcast|demo ...");
   const std::string mode = argv[1];
   std::string ctrund = "ctrund";
+  std::string state_dir;
   int agents = 64, clients = 1, waiters = 64, repeats = 5;
   double seconds = 3;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -343,6 +390,8 @@ int main(int argc, char** argv) {
       repeats = std::stoi(value);
     else if (flag == "--seconds")
       seconds = std::stod(value);
+    else if (flag == "--state-dir")
+      state_dir = value;
     else
       Die("unknown flag " + flag);
   }
@@ -351,5 +400,6 @@ int main(int argc, char** argv) {
   if (mode == "demo") return Rendezvous(ctrund, agents, true);
   if (mode == "store") return Store(ctrund, clients, seconds);
   if (mode == "broadcast") return Broadcast(ctrund, waiters, repeats);
+  if (mode == "fsync") return Fsync(ctrund, clients, seconds, state_dir);
   Die("unknown mode " + mode);
 }

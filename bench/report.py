@@ -327,6 +327,40 @@ class Report:
             ["ctrun", "TCPStore", "gRPC floor"])))
 
 
+    # --- store durability -----------------------------------------------------
+    def durability(self):
+        rows = self.pick(bench="fsync")
+        if not rows:
+            return
+        self.out("### Store durability",
+                 "",
+                 "Blocking `set`s per second against ctrund without a state "
+                 "directory and with `--state-dir` under each `--fsync` "
+                 "policy; each client its own key and connection. `batch` "
+                 "and `always` sync every change before answering it; "
+                 "`batch` lets concurrent changes share one sync. TCPStore "
+                 "keeps nothing on disk: its column is the in-memory store.",
+                 "",
+                 "| clients | no state dir | never | batch | always | "
+                 "TCPStore set | batch / always |",
+                 "|---:|---:|---:|---:|---:|---:|---:|")
+        for c in sorted({r["clients"] for r in rows}):
+            cell = {}
+            for policy in ("none", "never", "batch", "always"):
+                cell[policy] = spread([r["ops_per_s"] for r in self.pick(
+                    bench="fsync", policy=policy, clients=c)])
+            tcp = spread([r["ops_per_s"] for r in self.pick(
+                impl="tcpstore", bench="store", op="set", clients=c)])
+
+            def fmt(x):
+                return f"{x[0]:,.0f}" if x else "—"
+            gain = (f"{cell['batch'][0] / cell['always'][0]:.1f}×"
+                    if cell["batch"] and cell["always"] else "—")
+            self.out(f"| {c} | {fmt(cell['none'])} | {fmt(cell['never'])} | "
+                     f"{fmt(cell['batch'])} | {fmt(cell['always'])} | "
+                     f"{fmt(tcp)} | {gain} |")
+        self.out("")
+
     # --- targets ------------------------------------------------------------
     def targets(self):
         """The targets set by the issues, each with its verdict."""
@@ -448,6 +482,7 @@ def main():
     report.recovery()
     report.rendezvous()
     report.store()
+    report.durability()
     report.targets()
 
     os.makedirs(args.plots, exist_ok=True)

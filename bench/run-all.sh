@@ -98,6 +98,16 @@ step "store: get and set with 1 and 8 clients; broadcast to ${waiters[*]} waiter
   done
 } >"$out/store.jsonl"
 
+step "store durability: sets with each --fsync policy, 1 and 8 clients"
+{
+  for _ in $(seq "$store_runs"); do
+    for c in 1 8; do
+      "$bin/rdzv_bench" fsync --ctrund "$ctrund" --clients "$c" \
+        --seconds "$seconds" --state-dir "$out/fsync-state" | tag ctrun
+    done
+  done
+} >"$out/fsync.jsonl"
+
 step "report"
 "$python" bench/report.py "$out" --markdown BENCHMARKS.md \
   --plots docs/benchmarks $([ $quick -eq 1 ] && echo --quick)
