@@ -198,6 +198,13 @@ bool Repeatable(const v1::StoreRequest& request) {
   }
 }
 
+// Whether a stream ended because the service refused it, rather than
+// because it or the connection went away.
+bool RefusedStream(const absl::Status& status) {
+  return !status.ok() && !absl::IsUnavailable(status) &&
+         !absl::IsCancelled(status) && !absl::IsDeadlineExceeded(status);
+}
+
 }  // namespace
 
 absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
@@ -219,6 +226,13 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
     pipe->Register(request.id(), slot);
     if (!pipe->Send(request)) {
       pipe->Abandon(request.id());
+      // The service may have refused the stream before the request was
+      // queued (a wrong token): that is the answer, not an unreachable
+      // store.
+      if (auto ended = pipe->WaitFor(absl::Seconds(1));
+          ended && RefusedStream(*ended)) {
+        return *ended;
+      }
       if (attempt < 2) continue;
       return absl::UnavailableError(
           absl::StrCat("cannot reach the store at ", connection_.endpoint()));
