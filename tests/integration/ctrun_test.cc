@@ -220,7 +220,16 @@ TEST_CASE("Descendants that left the session end when ctrun is killed",
   c->Signal(SIGKILL);
   CHECK(c->Wait(kWait) == 128 + SIGKILL);
   const bool gone = AllGoneWithin(escaped, absl::Seconds(5));
+  // What the survivor and ctrun's watchdog were doing, should it fail.
+  std::string seen;
+  for (const ProcessInfo& p : AllProcesses()) {
+    if (p.pid == escaped[0] || p.command == "ctrun-watchdog") {
+      seen += absl::StrCat(p.pid, " ", p.command, " ", std::string(1, p.state),
+                           " group ", p.group, "; ");
+    }
+  }
   if (!gone) kill(escaped[0], SIGKILL);  // leave nothing behind either way
+  INFO("left: " << seen << "stderr: " << c->Stderr());
   CHECK(gone);
 }
 
