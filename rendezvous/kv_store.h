@@ -140,7 +140,6 @@ class KvStore {
   void RollbackTo(Mark mark);
   // Ends staging, keeping its mutations: wakes the waiters they satisfy.
   void Commit(std::vector<Fired>* fired);
-  bool staging() const { return staging_; }
 
  private:
   struct Waiter {
