@@ -20,7 +20,7 @@
 namespace ctrun {
 namespace {
 
-const HostFacts kHost{"thishost", 8, 2, "test"};
+const HostFacts kHost{"thishost", 8, 2, "test", 0, ""};
 
 absl::StatusOr<CommandLine> Parse(std::vector<std::string> args,
                                   EnvMap env = {}, HostFacts host = kHost) {
@@ -155,7 +155,7 @@ TEST_CASE("nproc_per_node gpu cpu and auto follow the host",
   CHECK(Parse({"--nproc_per_node=gpu", "t"})->options.local_world_size == 2);
   CHECK(Parse({"--nproc_per_node=cpu", "t"})->options.local_world_size == 8);
   CHECK(Parse({"--nproc_per_node=auto", "t"})->options.local_world_size == 2);
-  const HostFacts no_gpu{"thishost", 4, 0, "CUDA_VISIBLE_DEVICES="};
+  const HostFacts no_gpu{"thishost", 4, 0, "CUDA_VISIBLE_DEVICES=", 0, ""};
   CHECK(Parse({"--nproc_per_node=auto", "t"}, {}, no_gpu)
             ->options.local_world_size == 4);
   auto gpu = Parse({"--nproc_per_node=gpu", "t"}, {}, no_gpu);
@@ -362,7 +362,7 @@ TEST_CASE("The launch plan names every setting with its source",
 
   // What flags only imply: gpu resolved with its source, a static job's
   // endpoint and port, this node's ranks.
-  HostFacts gpus{"n", 8, 3, "CUDA_VISIBLE_DEVICES=0,1,2"};
+  HostFacts gpus{"n", 8, 3, "CUDA_VISIBLE_DEVICES=0,1,2", 0, ""};
   auto stat =
       ParseCommandLine({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.5",
                         "--nproc_per_node=gpu", "t"},

@@ -42,7 +42,7 @@ TEST_CASE("Malformed hostlists are refused with the position",
   }
 }
 
-const HostFacts kCpuHost{"n1", 4, 0, "no NVIDIA device"};
+const HostFacts kCpuHost{"n1", 4, 0, "no NVIDIA device", 0, ""};
 
 EnvMap TwoNodeStep(int node_id) {
   return {{"SLURM_JOB_ID", "4242"},
