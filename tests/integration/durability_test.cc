@@ -27,6 +27,13 @@ namespace ctrun::testing {
 namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(30);
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer's allocator keeps freed memory in its quarantine and
+// never hands it to malloc_trim: resident memory says nothing there.
+constexpr bool kRssTellsTrim = false;
+#else
+constexpr bool kRssTellsTrim = true;
+#endif
 
 // A fresh directory under the test's temporary directory, removed after.
 struct TempDir {
@@ -248,6 +255,10 @@ TEST_CASE("A daemon whose jobs ended gives their store memory back",
     INFO("RSS idle " << idle << " KiB, with 256 MiB stored " << full);
     REQUIRE(full > idle + 200 * 1024);
   }  // the jobs' sessions end: so do the jobs
+  if (!kRssTellsTrim) {
+    WARN("built with AddressSanitizer: memory given back is not measured");
+    return;
+  }
   const absl::Time end = absl::Now() + kWait;
   long rss = RssKib(pid);
   while (rss > idle + 64 * 1024 && absl::Now() < end) {
