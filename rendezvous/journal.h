@@ -99,7 +99,6 @@ class Journal {
   // rewriting.
   bool WantsRewrite() const;
 
-  const std::string& dir() const { return dir_; }
   std::string path() const { return dir_ + "/journal"; }
 
  private:
