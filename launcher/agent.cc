@@ -1,14 +1,18 @@
 #include "launcher/agent.h"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "absl/base/thread_annotations.h"
@@ -17,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
 #include "ctrun/v1/admin.grpc.pb.h"
+#include "launcher/python_module.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/rendezvous_server.h"
@@ -27,6 +32,9 @@ namespace {
 // epoll tags for the fds that are not worker pipes.
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
+constexpr uint64_t kTimerTag = ~uint64_t{0} - 2;
+// A file-timer request longer than this is not one (PIPE_BUF is 4096).
+constexpr size_t kMaxTimerLine = 4096;
 
 constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 
@@ -112,8 +120,9 @@ Agent::Agent(AgentConfig config, Console* out, Console* err)
 
 Agent::~Agent() {
   session_.reset();  // before the worker group and the fds it may wake
+  evidence_.reset();
   workers_.reset();
-  for (int fd : {epoll_fd_, signal_fd_}) {
+  for (int fd : {epoll_fd_, signal_fd_, timer_fd_}) {
     if (fd >= 0) close(fd);
   }
 }
@@ -137,7 +146,41 @@ absl::Status Agent::Setup() {
   WorkerGroupConfig group = config_.workers;
   group.out = out_;
   group.err = err_;
+  if (auto s = SetupProgress(group); !s.ok()) return s;
   workers_ = std::make_unique<WorkerGroup>(std::move(group), epoll_fd_);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
+  const std::string& run_dir = group.run_dir;
+  if (run_dir.empty()) return absl::OkStatus();
+  ProgressPaths& paths = group.progress;
+  paths.run_dir = run_dir;
+  paths.python_dir = run_dir + "/python";
+  std::error_code ec;
+  std::filesystem::create_directories(paths.python_dir + "/ctrun", ec);
+  std::ofstream(paths.python_dir + "/ctrun/__init__.py") << kPythonModule;
+  auto board = ProgressBoard::Create(run_dir + "/progress.board",
+                                     group.options.local_world_size);
+  if (!board.ok()) return board.status();
+  board_ = std::move(*board);
+  paths.board = board_->path();
+  if (!group.options.file_timers) return absl::OkStatus();
+  // Read and written here, so that it never reads as closed between two
+  // clients' writes, and a client's non-blocking open always finds a
+  // reader (torch's FileTimerClient fails without one).
+  paths.timer_fifo = run_dir + "/timer.fifo";
+  if (mkfifo(paths.timer_fifo.c_str(), 0600) != 0 ||
+      (timer_fd_ = open(paths.timer_fifo.c_str(),
+                        O_RDWR | O_NONBLOCK | O_CLOEXEC)) < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot make the file-timer FIFO ", paths.timer_fifo, " (",
+                     env::kEnableFileTimer, "=1): ", strerror(errno)));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTimerTag;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, timer_fd_, &ev);
   return absl::OkStatus();
 }
 
@@ -150,9 +193,16 @@ int Agent::Run() {
   policy_.Start(MonotonicNow(), &effects);
   Apply(std::move(effects));
   while (!exit_code_) {
-    Poll(std::min(policy_.NextDeadline(), workers_->PartialDue()));
+    Poll(std::min({policy_.NextDeadline(), workers_->PartialDue(),
+                   evidence_ ? evidence_->NextDue() : absl::InfiniteFuture()}));
     workers_->ShowPartials(MonotonicNow());
     if (exit_code_) break;
+    if (evidence_ && !evidence_->done() && evidence_->Step(MonotonicNow())) {
+      effects.clear();
+      policy_.OnEvidenceCollected(MonotonicNow(), &effects);
+      Apply(std::move(effects));
+      if (exit_code_) break;
+    }
     effects.clear();
     policy_.Tick(MonotonicNow(), &effects);
     Apply(std::move(effects));
@@ -182,6 +232,8 @@ void Agent::Poll(absl::Time deadline) {
       DrainInbox();
     } else if (tag == kSignalTag) {
       OnSignals();
+    } else if (tag == kTimerTag) {
+      ReadTimerRequests();
     } else {
       const int fd = static_cast<int>(tag);
       if (events[i].events & EPOLLIN) {
@@ -202,6 +254,9 @@ void Agent::OnSignals() {
       for (const WorkerExit& e : workers_->Reap()) {
         policy_.OnWorkerExit(e, now, &effects);
       }
+      for (pid_t pid : workers_->TakeOtherExits()) {
+        if (evidence_) evidence_->OnChildExit(pid);
+      }
       if (workers_->TakeTerminalStop()) policy_.OnTerminalStop(now, &effects);
     } else {
       policy_.OnSignal(static_cast<int>(info.ssi_signo),
@@ -210,6 +265,74 @@ void Agent::OnSignals() {
     }
     Apply(std::move(effects));
   }
+}
+
+void Agent::ReadTimerRequests() {
+  char buffer[8192];
+  ssize_t n;
+  while ((n = read(timer_fd_, buffer, sizeof buffer)) > 0 ||
+         (n < 0 && errno == EINTR)) {
+    if (n < 0) continue;
+    timer_partial_.append(buffer, static_cast<size_t>(n));
+    size_t eol;
+    while ((eol = timer_partial_.find('\n')) != std::string::npos) {
+      const std::string line = timer_partial_.substr(0, eol);
+      timer_partial_.erase(0, eol + 1);
+      AgentEffects effects;
+      policy_.OnTimerRequest(line, MonotonicNow(), absl::Now(), &effects);
+      Apply(std::move(effects));
+    }
+    // Not a request: drop it rather than grow without bound.
+    if (timer_partial_.size() > kMaxTimerLine) timer_partial_.clear();
+  }
+}
+
+void Agent::StartEvidence(const agent_effect::CollectEvidence& collect) {
+  std::vector<EvidenceCollector::Target> targets;
+  for (int lr = 0; lr < config_.workers.options.local_world_size; ++lr) {
+    const pid_t pid = workers_->PidOf(lr);
+    if (pid <= 0) continue;
+    targets.push_back(EvidenceCollector::Target{
+        lr, workers_->RankOf(lr), pid,
+        board_ ? board_->StacksOf(lr) : StackDump{}, workers_->StacksFile(lr),
+        workers_->LastLines(lr)});
+  }
+  evidence_focus_ = collect.focus;
+  evidence_ = std::make_unique<EvidenceCollector>(
+      absl::StrCat(config_.workers.run_dir, "/", collect.dir),
+      std::move(targets), FindGdb(), MonotonicNow(), collect.deadline);
+}
+
+void Agent::EndEvidence() {
+  if (!evidence_) return;
+  std::string text = absl::StrCat("ctrun: ", evidence_->Finish(), "\n");
+  if (evidence_focus_ >= 0) {
+    const std::vector<std::string> lines = workers_->LastLines(evidence_focus_);
+    absl::StrAppend(&text, "ctrun: the last ", lines.size(), " lines of rank ",
+                    workers_->RankOf(evidence_focus_),
+                    lines.empty() ? " (it printed nothing)" : ":", "\n");
+    for (const std::string& line : lines) {
+      absl::StrAppend(&text, "  | ", line, "\n");
+    }
+  }
+  err_->WriteAgentLine(text);
+  evidence_.reset();
+}
+
+void Agent::KillTimedOut(pid_t pid, int signal) {
+  // Only a worker, or a process in a worker's own group: a request names
+  // any pid it likes.
+  const pid_t group = getpgid(pid);
+  for (int lr = 0; lr < config_.workers.options.local_world_size; ++lr) {
+    const pid_t worker = workers_->PidOf(lr);
+    if (worker > 0 && (pid == worker || group == worker)) {
+      kill(pid, signal);
+      return;
+    }
+  }
+  err_->WriteAgentLine(absl::StrCat("ctrun: not killing pid ", pid,
+                                    ": it is not one of this node's workers "
+                                    "or their processes\n"));
 }
 
 void Agent::DrainInbox() {
@@ -256,8 +379,20 @@ void Agent::Apply(const AgentEffect& effect) {
     if (session_) session_->Send(send->message);
   } else if (auto* rejoin = std::get_if<e::SendRejoin>(&effect)) {
     if (session_) session_->Send(MakeRejoin(rejoin->round));
+  } else if (std::holds_alternative<e::ReadProgress>(effect)) {
+    if (!board_) return;
+    AgentEffects more;
+    policy_.OnProgressRead(board_->Read(), MonotonicNow(), absl::Now(), &more);
+    Apply(std::move(more));
+  } else if (auto* collect = std::get_if<e::CollectEvidence>(&effect)) {
+    StartEvidence(*collect);
+  } else if (std::holds_alternative<e::EndEvidence>(effect)) {
+    EndEvidence();
+  } else if (auto* timed_out = std::get_if<e::KillTimedOut>(&effect)) {
+    KillTimedOut(timed_out->pid, timed_out->signal);
   } else if (auto* start = std::get_if<e::StartWorkers>(&effect)) {
     master_port_ = start->assignment.master_port();
+    if (board_) board_->Clear();
     const std::vector<WorkerStart> started = workers_->Start(start->assignment);
     AgentEffects more;
     policy_.OnWorkersStarted(started, MonotonicNow(), &more);

@@ -22,6 +22,8 @@
 #include "absl/status/status.h"
 #include "launcher/agent_policy.h"
 #include "launcher/console.h"
+#include "launcher/evidence.h"
+#include "launcher/progress_board.h"
 #include "launcher/worker_group.h"
 #include "rendezvous/client.h"
 
@@ -62,6 +64,14 @@ class Agent {
   void Poll(absl::Time deadline);
   void OnSignals();
   void DrainInbox();
+  // Reads torchrun's file-timer FIFO and hands its whole lines over.
+  void ReadTimerRequests();
+  // Sets up what workers report progress with: ctrun's Python module, the
+  // progress board, and torchrun's file-timer FIFO when asked for.
+  absl::Status SetupProgress(WorkerGroupConfig& group);
+  void StartEvidence(const agent_effect::CollectEvidence& collect);
+  void EndEvidence();
+  void KillTimedOut(pid_t pid, int signal);
   // Carries out `effects` in order, with what they lead to.
   void Apply(AgentEffects effects);
   void Apply(const AgentEffect& effect);
@@ -80,6 +90,11 @@ class Agent {
 
   AgentPolicy policy_;
   std::unique_ptr<WorkerGroup> workers_;
+  std::unique_ptr<ProgressBoard> board_;
+  int timer_fd_ = -1;
+  std::string timer_partial_;
+  std::unique_ptr<EvidenceCollector> evidence_;
+  int evidence_focus_ = -1;
   std::unique_ptr<SessionStream> session_;
   // Which session the inbox's items belong to; bumped by every open and
   // cancel, so that a replaced session's last words are dropped.

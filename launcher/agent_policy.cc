@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace ctrun {
@@ -60,7 +61,7 @@ bool MayComeUp(const absl::Status& status) {
 }  // namespace
 
 AgentPolicy::AgentPolicy(AgentPolicyConfig config)
-    : config_(std::move(config)) {}
+    : config_(std::move(config)), monitor_(config_.options.hang_timeout) {}
 
 int AgentPolicy::live_workers() const {
   return static_cast<int>(
@@ -107,14 +108,36 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
     case v1::ServerMessage::kAssignment:
       return OnAssignment(m.assignment(), now, effects);
     case v1::ServerMessage::kRestartRequired:
+      if (m.restart_required().collect_evidence()) {
+        StartEvidence(-1, now, effects);
+      }
       return OnRestartRequired(m.restart_required(), now, effects);
     case v1::ServerMessage::kJobFinished:
       End(Ending::kJobFinished, now, effects);
       return;
     case v1::ServerMessage::kJobFailed:
-      if (ending_ < Ending::kJobFailed) job_failure_ = m.job_failed().reason();
+      if (ending_ < Ending::kJobFailed) {
+        job_failure_ = m.job_failed().reason();
+        job_hung_ = m.job_failed().hung();
+      }
+      if (m.job_failed().hung()) StartEvidence(-1, now, effects);
       End(Ending::kJobFailed, now, effects);
       return;
+    case v1::ServerMessage::kLearned:
+      monitor_.MergeLearned(m.learned().longest());
+      return;
+    case v1::ServerMessage::kStraggler: {
+      const v1::Straggler& st = m.straggler();
+      Tell(absl::StrFormat(
+               "rank %d on node %s is %.1fx slower than the median %s "
+               "(%.3gs against %.3gs, %d steps); not restarting for it",
+               st.rank(), st.node(), st.ratio(),
+               st.sections() ? "time in sections" : "step",
+               static_cast<double>(st.mean_step_us()) / 1e6,
+               static_cast<double>(st.median_step_us()) / 1e6, st.steps()),
+           effects);
+      return;
+    }
     case v1::ServerMessage::kProgress:
       return OnProgress(m.progress(), now, effects);
     case v1::ServerMessage::kResumed:
@@ -310,7 +333,12 @@ void AgentPolicy::Report(AgentEffects* effects) const {
     f->set_local_rank(failure.local_rank);
     f->set_exit_code(failure.ExitCode());
     f->set_signal(failure.signal);
-    if (failure.signal != 0) f->set_message(SignalName(failure.signal));
+    f->set_hung(failure.hung);
+    if (!failure.cause.empty()) {
+      f->set_message(failure.cause);
+    } else if (failure.signal != 0) {
+      f->set_message(SignalName(failure.signal));
+    }
   }
   effects->push_back(Send{std::move(m)});
 }
@@ -352,6 +380,17 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
          effects);
     omp_notice_given_ = true;
   }
+  monitor_.MergeLearned(a.longest());
+  if (o.hang_timeout.mode == HangTimeout::Mode::kAuto) {
+    if (auto longest = monitor_.Longest("")) {
+      Tell(absl::StrCat(
+               "hang timeout ", absl::FormatDuration(monitor_.TimeoutIn("")),
+               " after each worker's warm-up: ", ProgressMonitor::kAutoFactor,
+               " x the longest silence this job has shown (",
+               absl::FormatDuration(*longest), ")"),
+           effects);
+    }
+  }
   if (!a.restart_refunded().empty()) {
     refunds_.push_back(a.restart_refunded());
     Tell(absl::StrCat(a.restart_refunded(), " (restarts used ",
@@ -376,11 +415,16 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
       continue;
     }
     Tell(s.error, effects);
-    OnWorkerFailure(WorkerFailureRecord{s.wall_time, config_.hostname, w.rank,
-                                        w.local_rank, 127, 0, 0, w.error_file},
-                    now, effects);
+    OnWorkerFailure(
+        WorkerFailureRecord{s.wall_time, config_.hostname, w.rank, w.local_rank,
+                            127, 0, 0, w.error_file, "", false},
+        now, effects);
     return;
   }
+  std::vector<int> ranks;
+  for (const Worker& w : workers_) ranks.push_back(w.rank);
+  monitor_.Start(std::move(ranks), now);
+  timers_.Clear();
   Report(effects);
 }
 
@@ -391,7 +435,15 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
       [&](const Worker& w) { return w.local_rank == e.local_rank; });
   if (it == workers_.end() || !it->alive) return;
   it->alive = false;
-  if (phase_ == Phase::kStopping) {  // expected: it was asked to stop
+  monitor_.Exited(e.local_rank);
+  std::string timer_cause;
+  if (!it->timer_scope.empty() && e.signal == it->timer_signal) {
+    timer_cause =
+        absl::StrCat("torchrun file timer '", it->timer_scope,
+                     "' expired; ctrun killed it with ", SignalName(e.signal));
+  }
+  if (phase_ == Phase::kStopping || phase_ == Phase::kCollecting) {
+    // Expected when stopping: it was asked to.
     // Stopping for a local failure, a worker that failed on its own (not
     // of the stop: SIGTERM, SIGKILL, a shell's 128+N for them) is listed
     // too, as torchrun lists every failed rank.
@@ -400,14 +452,16 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
         code != 128 + SIGKILL) {
       failures_.push_back(WorkerFailureRecord{
           e.wall_time, config_.hostname, it->rank, it->local_rank, e.exit_code,
-          e.signal, it->pid, it->error_file});
+          e.signal, it->pid, it->error_file, timer_cause, false});
     }
-    if (live_workers() == 0) OnStopped(now, effects);
-    return;
+    if (live_workers() > 0) return;
+    if (phase_ == Phase::kCollecting) return EndEvidence(now, effects);
+    return OnStopped(now, effects);
   }
   if (phase_ != Phase::kRunning) return;
   if (e.signal == 0 && e.exit_code == 0) {
     if (live_workers() == 0) {
+      monitor_.Stop();
       report_ = v1::WorkerReport::SUCCEEDED;
       phase_ = Phase::kWaiting;
       Report(effects);
@@ -420,15 +474,124 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
                          " trying to use the terminal, which only local rank "
                          "0 of a job in the terminal's foreground can read "
                          "(give the others input another way); ended it")
+      : !timer_cause.empty() ? timer_cause
       : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
                  : absl::StrCat("exited with code ", e.exit_code);
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
                     ", pid ", it->pid, ") ", how, "; stopping the others"),
        effects);
-  OnWorkerFailure(WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
-                                      it->local_rank, e.exit_code, e.signal,
-                                      it->pid, it->error_file},
-                  now, effects);
+  OnWorkerFailure(
+      WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
+                          it->local_rank, e.exit_code, e.signal, it->pid,
+                          it->error_file, timer_cause, false},
+      now, effects);
+}
+
+// --- hangs, evidence, file timers -------------------------------------------
+
+void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
+                                 absl::Time now, absl::Time wall_now,
+                                 AgentEffects* effects) {
+  if (phase_ != Phase::kRunning) return;
+  const std::vector<SilentWorker> silent = monitor_.Observe(samples, now);
+  if (!silent.empty()) OnHang(silent, now, wall_now, effects);
+}
+
+void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
+                         absl::Time now, absl::Time wall_now,
+                         AgentEffects* effects) {
+  const SilentWorker& first = silent.front();
+  const Worker& w = workers_[static_cast<size_t>(first.local_rank)];
+  auto seconds = [](absl::Duration d) {
+    return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(10)));
+  };
+  const std::string in =
+      first.section.empty() ? ""
+                            : absl::StrCat(" in section '", first.section, "'");
+  const std::string timeout =
+      absl::StrCat("hang timeout ", seconds(first.timeout),
+                   config_.options.hang_timeout.mode == HangTimeout::Mode::kAuto
+                       ? ", learned"
+                       : "");
+  const std::string cause =
+      first.ever
+          ? absl::StrCat("no progress for ", seconds(now - first.since), in,
+                         " after ", first.beats, " heartbeats (", timeout, ")")
+          : absl::StrCat("no progress signal in the ",
+                         seconds(now - first.since), " since it started (",
+                         timeout,
+                         "; does it call ctrun.heartbeat() or open a "
+                         "section?)");
+  Tell(absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
+                    w.pid, ") is hung: ", cause,
+                    "; collecting evidence from every worker of the job "
+                    "before stopping them"),
+       effects);
+  if (silent.size() > 1) {
+    std::vector<std::string> others;
+    for (size_t i = 1; i < silent.size(); ++i) {
+      const SilentWorker& o = silent[i];
+      others.push_back(absl::StrCat(
+          workers_[static_cast<size_t>(o.local_rank)].rank, " (",
+          seconds(now - o.since),
+          o.section.empty() ? "" : absl::StrCat(" in '", o.section, "'"), ")"));
+    }
+    Tell(absl::StrCat("also silent past their timeout here: rank ",
+                      absl::StrJoin(others, ", rank "), "; rank ", w.rank,
+                      " stopped first"),
+         effects);
+  }
+  failures_.push_back(WorkerFailureRecord{wall_now, config_.hostname, w.rank,
+                                          w.local_rank, 0, 0, w.pid,
+                                          w.error_file, cause,
+                                          /*hung=*/true});
+  report_ = v1::WorkerReport::FAILED;
+  Report(effects);
+  StartEvidence(first.local_rank, now, effects);
+  // Without evidence to collect, the workers stop at once.
+  if (phase_ == Phase::kRunning) {
+    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+  }
+}
+
+void AgentPolicy::StartEvidence(int focus, absl::Time now,
+                                AgentEffects* effects) {
+  if (phase_ != Phase::kRunning || live_workers() == 0 ||
+      config_.options.hang_evidence_timeout <= absl::ZeroDuration()) {
+    return;
+  }
+  phase_ = Phase::kCollecting;
+  monitor_.Stop();
+  evidence_deadline_ = now + config_.options.hang_evidence_timeout;
+  effects->push_back(agent_effect::CollectEvidence{
+      absl::StrCat("hang_round_", round()), focus, evidence_deadline_});
+}
+
+void AgentPolicy::OnEvidenceCollected(absl::Time now, AgentEffects* effects) {
+  EndEvidence(now, effects);
+}
+
+void AgentPolicy::EndEvidence(absl::Time now, AgentEffects* effects) {
+  if (phase_ != Phase::kCollecting) return;
+  evidence_deadline_ = absl::InfiniteFuture();
+  effects->push_back(agent_effect::EndEvidence{});
+  // Evidence is collected only on the way to stopping (a hang here, or a
+  // restart or failure for one elsewhere): stop now.
+  phase_ = Phase::kRunning;
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::OnTimerRequest(absl::string_view line, absl::Time now,
+                                 absl::Time wall_now, AgentEffects* effects) {
+  auto request = ParseFileTimerRequest(line);
+  absl::Status status =
+      request.ok() ? timers_.Apply(*request, now, wall_now) : request.status();
+  if (!status.ok() && malformed_timer_requests_++ == 0) {
+    Tell(absl::StrCat(
+             "ignoring a request on the file-timer FIFO: ", status.message(),
+             " (further ones are ignored without a word)"),
+         effects);
+  }
 }
 
 void AgentPolicy::OnWorkerFailure(const WorkerFailureRecord& failure,
@@ -471,6 +634,12 @@ void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
   if (signal == SIGTSTP) {
     Suspend(delivered, now, effects);
     return;
+  }
+  if (phase_ == Phase::kCollecting) {
+    // A signal does not wait for the evidence.
+    evidence_deadline_ = absl::InfiniteFuture();
+    effects->push_back(agent_effect::EndEvidence{});
+    phase_ = Phase::kRunning;
   }
   if (ending_ == Ending::kSignal) {
     Tell(absl::StrCat(SignalName(signal), " again: killing the workers now"),
@@ -517,8 +686,13 @@ void AgentPolicy::StopWorkers(int signal, bool send, absl::Time now,
   // Workers asked to stop are not asked again (a node lost while a signal
   // stops them, say): a second signal can cut short the handler that saves
   // their state. The SIGKILL deadline stands.
-  if (phase_ == Phase::kStopping || phase_ == Phase::kDone) return;
+  // While evidence is collected the stop waits for it (EndEvidence).
+  if (phase_ == Phase::kStopping || phase_ == Phase::kDone ||
+      phase_ == Phase::kCollecting) {
+    return;
+  }
   phase_ = Phase::kStopping;
+  monitor_.Stop();
   if (live_workers() == 0) return OnStopped(now, effects);
   if (send) effects->push_back(SignalWorkers{signal});
   kill_deadline_ = now + config_.options.shutdown_timeout;
@@ -566,7 +740,7 @@ int AgentPolicy::ExitCode(AgentEffects* effects) const {
         return failures_.front().ExitCode();
       }
       Tell(absl::StrCat("job failed: ", job_failure_), effects);
-      return 1;
+      return job_hung_ ? kHangExitCode : 1;
     case Ending::kJobFinished:
       if (assignments_ == 0) {
         Tell(
@@ -612,6 +786,34 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
     if (phase_ == Phase::kDone) return;
   }
   if (now >= ProgressDue()) PrintProgress(now, effects);
+  if (now >= evidence_deadline_) EndEvidence(now, effects);
+  if (phase_ == Phase::kRunning && now >= monitor_.NextPoll()) {
+    effects->push_back(agent_effect::ReadProgress{});
+  }
+  if (now >= monitor_.NextReport()) {
+    auto report = monitor_.TakeReport(round(), now);
+    if (report && link_ == Link::kOpen) {
+      v1::AgentMessage m;
+      *m.mutable_progress_report() = *std::move(report);
+      effects->push_back(Send{std::move(m)});
+    }
+  }
+  for (const FileTimers::Expired& x : timers_.TakeExpired(now)) {
+    if (phase_ != Phase::kRunning) continue;
+    auto w = std::find_if(
+        workers_.begin(), workers_.end(),
+        [&](const Worker& w) { return w.alive && w.pid == x.pid; });
+    std::string who = absl::StrCat("pid ", x.pid);
+    if (w != workers_.end()) {
+      w->timer_scope = x.scope;
+      w->timer_signal = x.signal;
+      who = absl::StrCat("worker rank ", w->rank, " (", who, ")");
+    }
+    Tell(absl::StrCat("torchrun file timer '", x.scope, "' of ", who,
+                      " expired; killing it with ", SignalName(x.signal)),
+         effects);
+    effects->push_back(agent_effect::KillTimedOut{x.pid, x.signal});
+  }
   if (now >= reopen_at_) {
     reopen_at_ = absl::InfiniteFuture();
     OpenSession(reopen_round_, now, effects);
@@ -652,9 +854,14 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
 
 absl::Time AgentPolicy::NextDeadline() const {
   if (phase_ == Phase::kDone) return absl::InfiniteFuture();
+  const absl::Time running =
+      phase_ == Phase::kRunning
+          ? std::min(monitor_.NextPoll(), timers_.NextExpiry())
+          : absl::InfiniteFuture();
   return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
                    reopen_at_, next_heartbeat_, kill_deadline_,
-                   give_up_deadline_, ProgressDue()});
+                   give_up_deadline_, ProgressDue(), evidence_deadline_,
+                   monitor_.NextReport(), running});
 }
 
 }  // namespace ctrun

@@ -13,6 +13,9 @@
 // - its phase, what it does with its workers:
 //     kJoining   no workers; waits in a round for an assignment
 //     kRunning   workers run (some may have exited 0 already)
+//     kCollecting  a worker of the job hung: evidence (stacks, last output)
+//                is collected from the live workers, for at most
+//                --hang_evidence_timeout, before they are stopped
 //     kStopping  workers were asked to stop; what follows is decided
 //     kWaiting   no live workers, this round's outcome reported; waits for
 //                the rendezvous to say what is next (restart, job end)
@@ -49,6 +52,17 @@
 //   strongest ending wins: signal, job failure, job end, lost rendezvous.
 // - Reports are sent only on an open link; a resumed session hears the last
 //   one again (one sent while the service was away may be lost).
+// - Progress (progress_monitor.h): while workers run, the board is read
+//   every ProgressMonitor::kPollEvery (ReadProgress, answered by
+//   OnProgressRead) and what was learned is reported every kReportEvery. A
+//   hung worker is a failure (report FAILED with `hung`), and its node
+//   collects evidence before stopping; every other node does on the
+//   rendezvous's restart or failure with `collect_evidence`/`hung`. A
+//   decision to stop that comes while evidence is collected waits for it,
+//   but for a handled signal, which cuts it short.
+// - torchrun's file timers (file_timers.h): an expired one kills its
+//   process with the timer's signal; a worker that dies of it is a failure
+//   whose cause names the scope. The agent is not signalled (torchrun's is).
 #ifndef CTRUN_LAUNCHER_AGENT_POLICY_H_
 #define CTRUN_LAUNCHER_AGENT_POLICY_H_
 
@@ -64,7 +78,9 @@
 #include "absl/time/time.h"
 #include "ctrun/v1/rendezvous.pb.h"
 #include "launcher/failure_report.h"
+#include "launcher/file_timers.h"
 #include "launcher/launch_options.h"
+#include "launcher/progress_monitor.h"
 
 namespace ctrun {
 
@@ -115,20 +131,40 @@ struct SuspendAgent {};
 // A quick call to the rendezvous that does not wait for it to be up, to
 // learn why it does not answer; the loop answers with OnProbeResult.
 struct ProbeRendezvous {};
+// Reads every worker's slot of the progress board; the loop answers with
+// OnProgressRead.
+struct ReadProgress {};
+// Collects the live workers' stacks and last output into `dir` (under the
+// run directory) by `deadline`; `focus` is the local rank that hung here,
+// or -1. The loop answers with OnEvidenceCollected when done early.
+struct CollectEvidence {
+  std::string dir;
+  int focus = -1;
+  absl::Time deadline;
+};
+// Ends evidence collection (what is not done by now is not waited for),
+// says where it is, and continues the workers it stopped (gdb).
+struct EndEvidence {};
+// `signal` to process `pid` for an expired file timer, if it is a worker or
+// in a worker's process group.
+struct KillTimedOut {
+  pid_t pid;
+  int signal;
+};
 // The agent exits with `code`.
 struct Exit {
   int code;
 };
 }  // namespace agent_effect
 
-using AgentEffect =
-    std::variant<agent_effect::Say, agent_effect::Print,
-                 agent_effect::OpenSession, agent_effect::CancelSession,
-                 agent_effect::Send, agent_effect::SendRejoin,
-                 agent_effect::StartWorkers, agent_effect::SignalWorkers,
-                 agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
-                 agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
-                 agent_effect::Exit>;
+using AgentEffect = std::variant<
+    agent_effect::Say, agent_effect::Print, agent_effect::OpenSession,
+    agent_effect::CancelSession, agent_effect::Send, agent_effect::SendRejoin,
+    agent_effect::StartWorkers, agent_effect::SignalWorkers,
+    agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
+    agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
+    agent_effect::ReadProgress, agent_effect::CollectEvidence,
+    agent_effect::EndEvidence, agent_effect::KillTimedOut, agent_effect::Exit>;
 using AgentEffects = std::vector<AgentEffect>;
 
 struct AgentPolicyConfig {
@@ -162,7 +198,14 @@ struct WorkerExit {
 
 class AgentPolicy {
  public:
-  enum class Phase { kJoining, kRunning, kStopping, kWaiting, kDone };
+  enum class Phase {
+    kJoining,
+    kRunning,
+    kCollecting,
+    kStopping,
+    kWaiting,
+    kDone
+  };
   enum class Link { kConnecting, kOpen, kResuming, kRetrying, kClosed };
 
   // How long a worker that ignores SIGKILL (stuck in the kernel) may hold
@@ -204,6 +247,16 @@ class AgentPolicy {
   // The answer to ProbeRendezvous.
   void OnProbeResult(const absl::Status& status, absl::Time now,
                      AgentEffects* effects);
+  // The answer to ReadProgress: samples[i] for local rank i. `wall_now` is
+  // `now` on the wall clock, for failure records.
+  void OnProgressRead(const std::vector<ProgressSample>& samples,
+                      absl::Time now, absl::Time wall_now,
+                      AgentEffects* effects);
+  // The evidence asked for by CollectEvidence is complete.
+  void OnEvidenceCollected(absl::Time now, AgentEffects* effects);
+  // A line a worker wrote to torchrun's file-timer FIFO.
+  void OnTimerRequest(absl::string_view line, absl::Time now,
+                      absl::Time wall_now, AgentEffects* effects);
   // Applies everything due at `now`.
   void Tick(absl::Time now, AgentEffects* effects);
   // When Tick next has something to do; InfiniteFuture when nothing is due.
@@ -216,6 +269,7 @@ class AgentPolicy {
   int live_workers() const;
   // Whether a handled signal decided the exit.
   bool stopped_by_signal() const { return ending_ == Ending::kSignal; }
+  const ProgressMonitor& monitor() const { return monitor_; }
 
  private:
   // Why the agent will exit, weakest first: a stronger one replaces a
@@ -230,6 +284,9 @@ class AgentPolicy {
     pid_t pid = -1;
     bool alive = false;
     std::string error_file;
+    // The file timer that ctrun killed it for, and with which signal.
+    std::string timer_scope;
+    int timer_signal = 0;
   };
 
   void OnAssignment(const v1::Assignment& assignment, absl::Time now,
@@ -248,6 +305,14 @@ class AgentPolicy {
   }
   void OnWorkerFailure(const WorkerFailureRecord& failure, absl::Time now,
                        AgentEffects* effects);
+  // A worker of this node hung: the root cause, the report, the evidence.
+  void OnHang(const std::vector<SilentWorker>& silent, absl::Time now,
+              absl::Time wall_now, AgentEffects* effects);
+  // Collects evidence from the live workers before they are stopped; a
+  // no-op unless workers run.
+  void StartEvidence(int focus, absl::Time now, AgentEffects* effects);
+  // Evidence is in (or its time is up): the workers stop as decided.
+  void EndEvidence(absl::Time now, AgentEffects* effects);
   // Stops the job with the agent, and continues it with the agent.
   // `workers_told`: the workers had the stop signal already.
   void Suspend(bool workers_told, absl::Time now, AgentEffects* effects);
@@ -296,6 +361,12 @@ class AgentPolicy {
   bool omp_notice_given_ = false;
   // Restarts the service gave back (Assignment.restart_refunded), in order.
   std::vector<std::string> refunds_;
+  // The job failed because a worker hung (JobFailed.hung).
+  bool job_hung_ = false;
+
+  ProgressMonitor monitor_;
+  FileTimers timers_;
+  int malformed_timer_requests_ = 0;
 
   // Deadlines; InfiniteFuture when not armed.
   absl::Time first_answer_deadline_ = absl::InfiniteFuture();
@@ -306,6 +377,7 @@ class AgentPolicy {
   absl::Time next_heartbeat_ = absl::InfiniteFuture();
   absl::Time kill_deadline_ = absl::InfiniteFuture();
   absl::Time give_up_deadline_ = absl::InfiniteFuture();
+  absl::Time evidence_deadline_ = absl::InfiniteFuture();
   // The round's latest progress while joining, when it came, and when it
   // is next printed (InfiniteFuture: none came yet).
   std::optional<v1::Progress> progress_;

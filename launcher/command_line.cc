@@ -125,6 +125,17 @@ constexpr FlagSpec kFlags[] = {
      "SIGUSR2 are always forwarded"},
     {"shutdown_timeout", 0, Kind::kValue, "30", "SECONDS",
      "how long stopped workers get before SIGKILL"},
+    {"hang_timeout", 0, Kind::kValue, "off", "SECONDS|auto|off",
+     "a worker that sends no progress signal (ctrun.heartbeat(), a "
+     "section) for this long is hung: every node collects its workers' "
+     "stacks, then the job restarts as after a failure; auto learns it "
+     "from the job's own steps"},
+    {"hang_warmup", 0, Kind::kValue, "300", "SECONDS",
+     "with --hang_timeout=auto: the allowance for each worker's first steps "
+     "and for sections not timed yet"},
+    {"hang_evidence_timeout", 0, Kind::kValue, "10", "SECONDS",
+     "how long each node spends collecting stacks from a hung job before "
+     "stopping it"},
     {"worker_tty", 0, Kind::kValue, "auto", "auto|yes|no",
      "give workers a pseudo-terminal for stdout and stderr: auto does for "
      "each stream that only ctrun's terminal shows, as torchrun's workers "
@@ -687,6 +698,21 @@ absl::Status ConvertRendezvous(Raw& raw, LaunchOptions& o) {
   return absl::OkStatus();
 }
 
+// Hang detection; torchrun's file timers come with the environment.
+absl::Status ConvertHang(const Raw& raw, LaunchOptions& o) {
+  auto hang = HangTimeout::Parse(raw.at("hang_timeout").text);
+  if (!hang.ok()) return BadValue(raw, "hang_timeout", hang.status().message());
+  o.hang_timeout = *hang;
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "hang_warmup", &o.hang_timeout.warmup));
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "hang_evidence_timeout", &o.hang_evidence_timeout));
+  if (o.hang_evidence_timeout > absl::Minutes(10)) {
+    return BadValue(raw, "hang_evidence_timeout", "expected seconds in 0..600");
+  }
+  return absl::OkStatus();
+}
+
 // The job's and the workers' flags.
 absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   CTRUN_RETURN_IF_ERROR(
@@ -728,7 +754,9 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
     }
     o.signals_to_handle.push_back(sig);
   }
-  return ConvertSeconds(raw, "shutdown_timeout", &o.shutdown_timeout);
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "shutdown_timeout", &o.shutdown_timeout));
+  return ConvertHang(raw, o);
 }
 
 // Logs, redirects, tee, the rank filter and the line prefix.
@@ -931,6 +959,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   CTRUN_RETURN_IF_ERROR(ConvertWorkers(raw, o));
   CTRUN_RETURN_IF_ERROR(ConvertOutput(raw, o));
   CTRUN_RETURN_IF_ERROR(ResolveRendezvous(*slurm, env, raw, o));
+  if (auto it = env.find(env::kEnableFileTimer); it != env.end()) {
+    o.file_timers = it->second == "1";
+  }
   if (!split->has_entrypoint) {
     return absl::InvalidArgumentError(
         "missing the program to run: ctrun [FLAGS] ENTRYPOINT [ARGS...] "

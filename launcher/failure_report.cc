@@ -28,7 +28,14 @@ std::string Describe(const WorkerFailureRecord& f) {
   absl::StrAppend(&out, "  host       : ", f.host, "\n");
   absl::StrAppend(&out, "  rank       : ", f.rank,
                   " (local_rank: ", f.local_rank, ")\n");
-  if (f.signal != 0) {
+  if (!f.cause.empty()) {
+    absl::StrAppend(&out, "  cause      : ", f.hung ? "hung: " : "", f.cause,
+                    "\n");
+  }
+  if (f.hung) {
+    absl::StrAppend(&out, "  exitcode   : <hung> (pid: ", f.pid,
+                    "; ctrun exits ", kHangExitCode, ")\n");
+  } else if (f.signal != 0) {
     absl::StrAppend(&out, "  exitcode   : ", -f.signal, " (pid: ", f.pid,
                     ")\n  signal     : SIG", sigabbrev_np(f.signal), " (",
                     strsignal(f.signal), ")\n");

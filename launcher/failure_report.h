@@ -14,6 +14,9 @@
 
 namespace ctrun {
 
+// ctrun's exit code when a hang ended the job (as timeout(1) exits).
+inline constexpr int kHangExitCode = 124;
+
 struct WorkerFailureRecord {
   absl::Time time;  // when the agent saw it exit
   std::string host;
@@ -23,10 +26,15 @@ struct WorkerFailureRecord {
   int signal = 0;     // the signal that killed it, or 0
   pid_t pid = 0;
   std::string error_file;
+  // What ended it, when ctrun did: a hang, an expired file timer.
+  std::string cause;
+  bool hung = false;  // it was hung (still running when recorded)
 
-  // The code ctrun exits with for this failure: its exit code, or 128 +
-  // signal.
-  int ExitCode() const { return signal != 0 ? 128 + signal : exit_code; }
+  // The code ctrun exits with for this failure: kHangExitCode for a hang,
+  // else its exit code, or 128 + signal.
+  int ExitCode() const {
+    return hung ? kHangExitCode : signal != 0 ? 128 + signal : exit_code;
+  }
 };
 
 // What a worker wrote to TORCHELASTIC_ERROR_FILE (torch's

@@ -67,4 +67,34 @@ std::string FormatLaunchPlan(const LaunchOptions& options,
   return out;
 }
 
+absl::StatusOr<HangTimeout> HangTimeout::Parse(const std::string& text) {
+  HangTimeout t;
+  if (text.empty() || text == "off" || text == "0") return t;
+  if (text == "auto") {
+    t.mode = Mode::kAuto;
+    return t;
+  }
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 1e7) {
+    return absl::InvalidArgumentError(
+        "expected seconds > 0, auto (learned from the job's own steps) or "
+        "off");
+  }
+  t.mode = Mode::kFixed;
+  t.fixed = absl::Seconds(seconds);
+  return t;
+}
+
+std::string HangTimeout::ToString() const {
+  switch (mode) {
+    case Mode::kOff:
+      return "off";
+    case Mode::kAuto:
+      return "auto";
+    case Mode::kFixed:
+      return absl::FormatDuration(fixed);
+  }
+  return "off";
+}
+
 }  // namespace ctrun

@@ -38,6 +38,21 @@ absl::StatusOr<StreamSelection> ParseStreamSelection(const std::string& text);
 // which is when torchrun's worker would write to the terminal itself.
 enum class WorkerTty { kAuto, kYes, kNo };
 
+// --hang_timeout: when a worker that sends no progress signal is hung
+// (progress_monitor.h says how each mode counts).
+struct HangTimeout {
+  enum class Mode { kOff, kFixed, kAuto };
+  Mode mode = Mode::kOff;
+  absl::Duration fixed = absl::ZeroDuration();  // kFixed
+  // kAuto: a worker's warm-up, and a section not timed yet (--hang_warmup).
+  absl::Duration warmup = absl::Seconds(300);
+
+  // "off", "auto" or a number of seconds > 0; INVALID_ARGUMENT names the
+  // accepted forms.
+  static absl::StatusOr<HangTimeout> Parse(const std::string& text);
+  std::string ToString() const;
+};
+
 struct LaunchOptions {
   // Nodes and workers.
   int min_nodes = 1;
@@ -91,6 +106,12 @@ struct LaunchOptions {
   bool virtual_local_rank = false;
   std::vector<int> signals_to_handle;
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // Hangs: the timeout, and how long every node then spends collecting its
+  // workers' stacks before stopping them.
+  HangTimeout hang_timeout;
+  absl::Duration hang_evidence_timeout = absl::Seconds(10);
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torchrun's file timers.
+  bool file_timers = false;
 
   // Output.
   std::string log_dir;  // empty: a temporary one, removed at exit

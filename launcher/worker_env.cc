@@ -67,4 +67,27 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
   return e;
 }
 
+void AddProgressEnvironment(const LaunchOptions& options,
+                            const ProgressPaths& paths, int slot,
+                            const std::string& stacks_file, EnvMap* env) {
+  EnvMap& e = *env;
+  e[env::kProgressFile] = paths.board;
+  e[env::kProgressSlot] = absl::StrCat(slot);
+  e[env::kStacksFile] = stacks_file;
+  // Appended: the user's own modules (and their own `ctrun`, if any) win.
+  std::string& python_path = e[env::kPythonPath];
+  python_path = python_path.empty()
+                    ? paths.python_dir
+                    : absl::StrCat(python_path, ":", paths.python_dir);
+  if (!paths.timer_fifo.empty()) e[env::kTimerFile] = paths.timer_fifo;
+  if (options.hang_timeout.mode != HangTimeout::Mode::kOff) {
+    // PyTorch >= 2.2 keeps a trace of its NCCL collectives and dumps it
+    // when its watchdog times out; older versions ignore these.
+    e.try_emplace(env::kNcclTraceBufferSize, "2000");
+    e.try_emplace(env::kNcclDumpOnTimeout, "1");
+    e.try_emplace(env::kNcclDebugInfoTempFile,
+                  absl::StrCat(paths.run_dir, "/nccl_trace_rank_"));
+  }
+}
+
 }  // namespace ctrun

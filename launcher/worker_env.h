@@ -34,6 +34,23 @@ EnvMap WorkerEnvironment(const LaunchOptions& options,
                          const std::string& node_address,
                          const std::string& error_file);
 
+// Where the node's workers report progress (progress_board.h), and what
+// ctrun gives them for it.
+struct ProgressPaths {
+  std::string board;       // CTRUN_PROGRESS_FILE
+  std::string python_dir;  // holds ctrun's `ctrun` module
+  std::string timer_fifo;  // torchrun's file timers; empty: not served
+  std::string run_dir;     // NCCL flight-recorder dumps go here
+};
+
+// Adds to `env` (a worker's) its progress slot, its stacks file, ctrun's
+// Python module appended to PYTHONPATH, torchrun's TORCHELASTIC_TIMER_FILE
+// when the timers are served, and, when hangs are watched, PyTorch's NCCL
+// flight recorder pointed at the run directory (each unless already set).
+void AddProgressEnvironment(const LaunchOptions& options,
+                            const ProgressPaths& paths, int slot,
+                            const std::string& stacks_file, EnvMap* env);
+
 }  // namespace ctrun
 
 #endif  // CTRUN_LAUNCHER_WORKER_ENV_H_

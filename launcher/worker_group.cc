@@ -97,6 +97,8 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
   // logs and error files.
   const std::string attempt_dir =
       absl::StrCat(config_.run_dir, "/attempt_", a.round());
+  attempt_dir_ = attempt_dir;
+  first_global_rank_ = static_cast<int>(a.first_global_rank());
   std::error_code ec;
   std::filesystem::remove_all(attempt_dir, ec);
   std::filesystem::create_directories(attempt_dir, ec);
@@ -126,8 +128,11 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
     WorkerStart start;
     start.local_rank = lr;
     start.error_file = dir + "/error.json";
-    const EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
-                                         config_.address, start.error_file);
+    EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
+                                   config_.address, start.error_file);
+    if (!config_.progress.board.empty()) {
+      AddProgressEnvironment(o, config_.progress, lr, StacksFile(lr), &env);
+    }
     SpawnOptions spawn;
     spawn.own_group = !(share_terminal && lr == 0);
     spawn.tty_stdout = PlanStream(lr, 1).tty;
@@ -188,8 +193,12 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
     }
     auto it = std::find_if(workers_.begin(), workers_.end(),
                            [pid](const Worker& w) { return w.pid == pid; });
-    // Anything else is an orphaned descendant (ctrun is a subreaper).
-    if (it == workers_.end() || !it->alive) continue;
+    // Anything else is an orphaned descendant (ctrun is a subreaper), or
+    // another child of the agent's.
+    if (it == workers_.end() || !it->alive) {
+      if (!WIFSTOPPED(status)) other_exits_.push_back(pid);
+      continue;
+    }
     const bool on_terminal =
         WIFSTOPPED(status) &&
         (WSTOPSIG(status) == SIGTTIN || WSTOPSIG(status) == SIGTTOU);
@@ -263,6 +272,7 @@ void WorkerGroup::Read(int fd, size_t budget, absl::Time now) {
     const ssize_t n = read(fd, buffer, sizeof buffer);
     if (n > 0) {
       sink.Append(absl::string_view(buffer, static_cast<size_t>(n)), now);
+      AddToTail(w, absl::string_view(buffer, static_cast<size_t>(n)));
       total += static_cast<size_t>(n);
       if (sink.Unread()) break;
       continue;
@@ -273,6 +283,50 @@ void WorkerGroup::Read(int fd, size_t budget, absl::Time now) {
     return;
   }
   if (sink.Unread()) ClosePipe(fd);
+}
+
+void WorkerGroup::AddToTail(Worker& w, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    if (w.tail.empty() ||
+        (!w.tail.back().empty() && w.tail.back().back() == '\n')) {
+      w.tail.emplace_back();
+      if (w.tail.size() > kTailLines) w.tail.pop_front();
+    }
+    const size_t eol = bytes.find('\n');
+    const size_t take = eol == absl::string_view::npos ? bytes.size() : eol + 1;
+    std::string& line = w.tail.back();
+    const size_t room =
+        line.size() < kTailLineBytes ? kTailLineBytes - line.size() : 0;
+    line.append(bytes.data(), std::min(take, room));
+    // A line cut at the bound still ends where the worker's did.
+    if (take > room && eol != absl::string_view::npos) line.push_back('\n');
+    bytes.remove_prefix(take);
+  }
+}
+
+std::string WorkerGroup::StacksFile(int local_rank) const {
+  return absl::StrCat(attempt_dir_, "/", local_rank, "/stacks.txt");
+}
+
+pid_t WorkerGroup::PidOf(int local_rank) const {
+  for (const Worker& w : workers_) {
+    if (w.local_rank == local_rank && w.alive) return w.pid;
+  }
+  return -1;
+}
+
+std::vector<std::string> WorkerGroup::LastLines(int local_rank) const {
+  std::vector<std::string> lines;
+  for (const Worker& w : workers_) {
+    if (w.local_rank != local_rank) continue;
+    for (std::string line : w.tail) {
+      while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) {
+        line.pop_back();
+      }
+      lines.push_back(std::move(line));
+    }
+  }
+  return lines;
 }
 
 void WorkerGroup::ClosePipe(int fd) {

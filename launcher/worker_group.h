@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,7 +42,9 @@ struct WorkerGroupConfig {
   std::string hostname;
   std::string address;  // this node's, for the workers
   StoreAccess store;
-  std::string run_dir;           // attempt_N/LOCAL_RANK/ go below
+  std::string run_dir;  // attempt_N/LOCAL_RANK/ go below
+  // Where workers report progress; unused when `progress.board` is empty.
+  ProgressPaths progress;
   Watchdog* watchdog = nullptr;  // optional; not owned
   Console* out = nullptr;        // not owned
   Console* err = nullptr;        // not owned
@@ -68,6 +71,23 @@ class WorkerGroup {
   // Reaps every child that exited; returns the workers among them. What a
   // worker left running in its group is SIGKILLed.
   std::vector<WorkerExit> Reap();
+  // The pids of the agent's other children reaped since the last call
+  // (not workers: gdb reading a hung worker, say).
+  std::vector<pid_t> TakeOtherExits() {
+    return std::exchange(other_exits_, {});
+  }
+  // The worker at `local_rank`'s pid (-1 when it is not alive), and its
+  // last lines of output, stdout and stderr together, oldest first.
+  pid_t PidOf(int local_rank) const;
+  // The attempt's global rank of `local_rank`.
+  int RankOf(int local_rank) const { return first_global_rank_ + local_rank; }
+  // Where the worker at `local_rank` appends its Python stacks.
+  std::string StacksFile(int local_rank) const;
+  std::vector<std::string> LastLines(int local_rank) const;
+  // Lines kept for LastLines, and the longest kept whole.
+  static constexpr size_t kTailLines = 20;
+  static constexpr size_t kTailLineBytes = 512;
+
   // Whether, since the last call, the worker in ctrun's process group
   // stopped reading or writing the terminal (SIGTTIN/SIGTTOU) while ctrun
   // was in the background: the job is to stop until it is continued.
@@ -98,7 +118,10 @@ class WorkerGroup {
     bool alive = false;
     std::unique_ptr<WorkerOutput> out;
     std::unique_ptr<WorkerOutput> err;
+    // The last lines it wrote (the newest may be unfinished).
+    std::deque<std::string> tail;
   };
+  static void AddToTail(Worker& w, absl::string_view bytes);
 
   struct StreamPlan;
   // Where local rank `local_rank`'s stream (1 stdout, 2 stderr) goes.
@@ -121,6 +144,9 @@ class WorkerGroup {
   // Pipe fd -> (worker index, stream): 1 stdout, 2 stderr.
   std::map<int, std::pair<size_t, int>> pipes_;
   bool terminal_stop_ = false;
+  std::vector<pid_t> other_exits_;
+  std::string attempt_dir_;
+  int first_global_rank_ = 0;
 };
 
 }  // namespace ctrun

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rendezvous/job_settings.h"
+#include "rendezvous/straggler_watch.h"
 
 namespace ctrun {
 
@@ -84,6 +85,22 @@ struct RendezvousCore::Job {
   bool survivors_unknown = false;
   // Restored without nodes: forgotten unless one joins by then.
   absl::Time forget_at = absl::InfiniteFuture();
+
+  // The longest silences its agents reported, by section (--hang_timeout
+  // =auto): kept across rounds, so that a restarted job does not relearn.
+  std::map<std::string, int64_t> longest_ms;
+  StragglerWatch stragglers;
+  // A hung worker's failure (with pending_failure): the job fails as hung.
+  bool failure_hung = false;
+
+  void FillLongest(
+      google::protobuf::RepeatedPtrField<v1::LearnedInterval>* out) const {
+    for (const auto& [section, ms] : longest_ms) {
+      auto* l = out->Add();
+      l->set_section(section);
+      l->set_longest_ms(ms);
+    }
+  }
 
   bool progress_due = false;
   absl::Time next_progress = absl::InfinitePast();
@@ -186,8 +203,13 @@ v1::ServerMessage RestartMessage(int64_t round,
   r->set_reason(reason);
   r->set_detail(detail);
   r->set_restart_count(restart_count);
+  r->set_collect_evidence(reason == v1::RestartRequired::WORKER_HUNG);
   return m;
 }
+
+// Sections a job learns at most, and the longest name.
+constexpr size_t kMaxLearnedSections = 64;
+constexpr size_t kMaxSectionBytes = 63;
 
 // At most `max` bytes of `text`, not cutting a UTF-8 character in two:
 // every string field of a message must stay valid UTF-8, or its receiver
@@ -206,7 +228,9 @@ std::string DescribeFailure(const std::string& node_name,
                             const v1::WorkerFailure& f) {
   std::string text = absl::StrCat("worker rank ", f.global_rank(), " (local ",
                                   f.local_rank(), ") on ", node_name);
-  if (f.signal() != 0) {
+  if (f.hung()) {
+    absl::StrAppend(&text, " hung");
+  } else if (f.signal() != 0) {
     absl::StrAppend(&text, " was killed by signal ", f.signal());
   } else {
     absl::StrAppend(&text, " exited with code ", f.exit_code());
@@ -267,6 +291,9 @@ void RendezvousCore::OnMessage(SessionId session,
       return;
     case v1::AgentMessage::kWorkerReport:
       OnWorkerReport(job, node, message.worker_report(), now, effects);
+      return;
+    case v1::AgentMessage::kProgressReport:
+      OnProgressReport(job, node, message.progress_report(), now, effects);
       return;
     case v1::AgentMessage::kHeartbeat:
     case v1::AgentMessage::KIND_NOT_SET:
@@ -512,10 +539,12 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
       node.workers_running = false;
       if (job.pending_failure) return;  // the first failure decides
       const std::string what = DescribeFailure(node.Name(), report.failure());
+      const bool hung = report.failure().hung();
       if (job.restart_count >= job.settings.max_restarts()) {
         const std::string reason =
             absl::StrCat(what, "; no restarts left (max_restarts=",
                          job.settings.max_restarts(), ")");
+        job.failure_hung = hung;
         // With one node there is no other node whose loss could explain it.
         if (job.settings.max_nodes() == 1) {
           FailJob(job, reason, effects);
@@ -528,7 +557,9 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
       ++job.restart_count;
       job.failure_restart_round = job.round;
       job.failure_restart_at = now;
-      OpenNextRound(job, v1::RestartRequired::WORKER_FAILED,
+      OpenNextRound(job,
+                    hung ? v1::RestartRequired::WORKER_HUNG
+                         : v1::RestartRequired::WORKER_FAILED,
                     absl::StrCat(what, "; restart ", job.restart_count, " of ",
                                  job.settings.max_restarts()),
                     now, effects);
@@ -539,6 +570,44 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
             absl::InvalidArgumentError("worker report without a state"), now,
             effects);
       return;
+  }
+}
+
+void RendezvousCore::OnProgressReport(Job& job, Node& node,
+                                      const v1::ProgressReport& report,
+                                      absl::Time now, Effects* effects) {
+  if (report.round() != job.round || job.phase != v1::JobStatus::RUNNING ||
+      node.state != v1::NodeStatus::ACTIVE) {
+    return;
+  }
+  v1::ServerMessage grown;
+  for (const v1::LearnedInterval& l : report.longest()) {
+    if (l.longest_ms() <= 0 || l.section().size() > kMaxSectionBytes) continue;
+    auto it = job.longest_ms.find(l.section());
+    if (it == job.longest_ms.end()) {
+      if (job.longest_ms.size() >= kMaxLearnedSections) continue;
+      it = job.longest_ms.emplace(l.section(), 0).first;
+    }
+    if (l.longest_ms() <= it->second) continue;
+    it->second = l.longest_ms();
+    *grown.mutable_learned()->add_longest() = l;
+  }
+  if (grown.has_learned()) {
+    effects->changed_jobs.push_back(job.id);
+    for (SessionId member : job.ranked) {
+      effects->messages.emplace_back(member, grown);
+    }
+  }
+  // A node reports its own ranks only.
+  const int32_t first = node.first_global_rank;
+  const int32_t end = first + node.join.local_world_size();
+  for (const v1::RankPace& pace : report.paces()) {
+    if (pace.rank() < first || pace.rank() >= end) continue;
+    auto straggler = job.stragglers.Observe(pace, node.Name(), now);
+    if (!straggler || job.ranked.empty()) continue;
+    v1::ServerMessage m;
+    *m.mutable_straggler() = *std::move(straggler);
+    effects->messages.emplace_back(job.ranked.front(), std::move(m));
   }
 }
 
@@ -626,6 +695,8 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   job.survivors_unknown = false;
   effects->changed_jobs.push_back(job.id);
   job.pending_failure.reset();
+  job.failure_hung = false;
+  job.stragglers.NewRound();
   job.last_call_deadline = absl::InfiniteFuture();
   job.store.Reset(
       absl::AbortedError(absl::StrCat("round ", job.round - 1, " of job '",
@@ -749,6 +820,7 @@ void RendezvousCore::CloseRound(Job& job, Effects* effects) {
     a->set_max_restarts(job.settings.max_restarts());
     a->set_job_id(job.id);
     a->set_restart_refunded(job.refund_reason);
+    job.FillLongest(a->mutable_longest());
     effects->messages.emplace_back(node.session, std::move(m));
   }
   job.refund_reason.clear();
@@ -768,6 +840,7 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
     m.mutable_job_failed()->set_round(job.round);
     m.mutable_job_failed()->set_reason(reason);
     m.mutable_job_failed()->set_job_id(job.id);
+    m.mutable_job_failed()->set_hung(job.failure_hung);
     effects->messages.emplace_back(session, std::move(m));
   }
 }
@@ -1053,6 +1126,10 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
   s.set_failure(job.failure);
   s.set_num_keys(job.store.NumKeys());
   for (const auto& lost : job.lost) s.add_lost_nodes(lost);
+  job.FillLongest(s.mutable_longest());
+  for (const auto& straggler : job.stragglers.named()) {
+    *s.add_stragglers() = straggler;
+  }
 
   std::vector<const Node*> order;
   for (SessionId session : job.ranked) {
@@ -1094,6 +1171,7 @@ std::optional<v1::JobSnapshot> RendezvousCore::SnapshotJob(
   s.set_restart_count(job.restart_count);
   s.set_phase(job.phase);
   s.set_failure(job.failure);
+  job.FillLongest(s.mutable_longest());
   if (job.phase == v1::JobStatus::COLLECTING) return s;
   s.set_world_size(job.world_size);
   s.set_master_addr(job.master_addr);
@@ -1159,6 +1237,10 @@ absl::Status RendezvousCore::Restore(
   job->round = snapshot.round();
   job->restart_count = snapshot.restart_count();
   job->failure = snapshot.failure();
+  for (const v1::LearnedInterval& l : snapshot.longest()) {
+    if (job->longest_ms.size() >= kMaxLearnedSections) break;
+    job->longest_ms[l.section()] = std::max<int64_t>(0, l.longest_ms());
+  }
   job->round_opened = now;
   job->survivors_unknown = phase == v1::JobStatus::COLLECTING;
   if (phase != v1::JobStatus::COLLECTING) {

@@ -26,6 +26,12 @@
 //   with no restart left fails the job after the failure settle time, unless
 //   a node loss explains it; a loss right after a failure refunds the
 //   failure's restart. All nodes succeeding finishes the job.
+// - A hung worker (WorkerFailure.hung) counts as a failure; its round is
+//   opened with WORKER_HUNG and collect_evidence, and a job it fails is
+//   failed as hung.
+// - Progress reports: the job keeps the longest silence reported per
+//   section across rounds (assignments carry it, Learned tells its growth)
+//   and names stragglers (straggler_watch.h) to group rank 0's node.
 // - A job is forgotten when its last session ends.
 // - Durability (ctrund --state-dir): the owner journals the jobs that each
 //   input changed (Effects::changed_jobs, SnapshotJob) and the store's
@@ -163,6 +169,10 @@ class RendezvousCore {
                 Effects* effects);
   void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
                       absl::Time now, Effects* effects);
+  // Learned silences (kept by the job, told to its nodes when they grow)
+  // and paces (stragglers, named to group rank 0's node).
+  void OnProgressReport(Job& job, Node& node, const v1::ProgressReport& report,
+                        absl::Time now, Effects* effects);
 
   // Removes the node of `session` from its job, with the consequences of its
   // state: a lost member opens the next round. `why` is for operators.

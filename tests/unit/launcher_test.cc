@@ -635,10 +635,10 @@ TEST_CASE("Error files in torch's record format are read", "[launcher][unit]") {
 
 TEST_CASE("The failure summary shows the root cause first with its signal",
           "[launcher][unit]") {
-  WorkerFailureRecord root{absl::Now(), "node-a", 3,    1,
-                           0,           SIGSEGV,  4242, "/nonexistent"};
-  WorkerFailureRecord later{absl::Now(), "node-a", 0,    0,
-                            1,           0,        4240, "/nonexistent"};
+  WorkerFailureRecord root{absl::Now(), "node-a",       3,  1,    0, SIGSEGV,
+                           4242,        "/nonexistent", "", false};
+  WorkerFailureRecord later{absl::Now(), "node-a",       0,  0,    1, 0,
+                            4240,        "/nonexistent", "", false};
   CHECK(root.ExitCode() == 128 + SIGSEGV);
   CHECK(later.ExitCode() == 1);
   const std::string s = FormatFailureSummary("train.py", {root, later});

@@ -50,6 +50,25 @@ inline constexpr char kNodeAddress[] = "CTRUN_NODE_ADDRESS";
 // the environment: the watchdog ends those left when the agent dies.
 inline constexpr char kContainmentMark[] = "CTRUN_AGENT_MARK";
 
+// Progress signals (ctrun/progress_board.h): the node's board and this
+// worker's slot in it; and the file its Python stacks are appended to when
+// the agent asks for them (faulthandler, registered by the `ctrun` module).
+inline constexpr char kProgressFile[] = "CTRUN_PROGRESS_FILE";
+inline constexpr char kProgressSlot[] = "CTRUN_PROGRESS_SLOT";
+inline constexpr char kStacksFile[] = "CTRUN_STACKS_FILE";
+// ctrun's Python module is appended here (never replacing the user's).
+inline constexpr char kPythonPath[] = "PYTHONPATH";
+// torchrun's file timers: the agent serves the FIFO when the first is 1, and
+// names it to the workers in the second.
+inline constexpr char kEnableFileTimer[] = "TORCHELASTIC_ENABLE_FILE_TIMER";
+inline constexpr char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
+// PyTorch's NCCL flight recorder (>= 2.2), pointed at the run directory when
+// hangs are watched, unless the user set them.
+inline constexpr char kNcclTraceBufferSize[] = "TORCH_NCCL_TRACE_BUFFER_SIZE";
+inline constexpr char kNcclDumpOnTimeout[] = "TORCH_NCCL_DUMP_ON_TIMEOUT";
+inline constexpr char kNcclDebugInfoTempFile[] =
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE";
+
 // Read by the launcher.
 // The rendezvous token when no --rdzv_conf token_file is given (e.g. set once
 // in an sbatch script, so that every srun task shares it).

@@ -1,0 +1,105 @@
+#include "launcher/progress_board.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "ctrun/progress_board.h"
+
+namespace ctrun {
+namespace {
+
+using progress::Slot;
+
+absl::Time FromMonotonicNs(int64_t ns) {
+  return ns == 0 ? absl::InfinitePast()
+                 : absl::UnixEpoch() + absl::Nanoseconds(ns);
+}
+
+Slot* SlotAt(void* map, int i) {
+  return reinterpret_cast<Slot*>(static_cast<char*>(map) +
+                                 progress::kHeaderSize +
+                                 static_cast<size_t>(i) * progress::kSlotSize);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProgressBoard>> ProgressBoard::Create(
+    const std::string& path, int slots) {
+  const size_t size =
+      progress::kHeaderSize + static_cast<size_t>(slots) * progress::kSlotSize;
+  unlink(path.c_str());
+  const int fd =
+      open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    const std::string why = strerror(errno);
+    if (fd >= 0) close(fd);
+    return absl::InternalError(
+        absl::StrCat("cannot create the progress board ", path, ": ", why));
+  }
+  void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot map the progress board ",
+                                            path, ": ", strerror(errno)));
+  }
+  auto* header = static_cast<progress::Header*>(map);
+  std::memcpy(header->magic, progress::kMagic, sizeof header->magic);
+  header->slot_count = static_cast<uint32_t>(slots);
+  header->slot_size = progress::kSlotSize;
+  return std::unique_ptr<ProgressBoard>(
+      new ProgressBoard(path, slots, map, size));
+}
+
+ProgressBoard::~ProgressBoard() { munmap(map_, size_); }
+
+void ProgressBoard::Clear() {
+  std::memset(static_cast<char*>(map_) + progress::kHeaderSize, 0,
+              size_ - progress::kHeaderSize);
+}
+
+std::vector<ProgressSample> ProgressBoard::Read() const {
+  std::vector<ProgressSample> samples(static_cast<size_t>(slots_));
+  for (int i = 0; i < slots_; ++i) {
+    const Slot* slot = SlotAt(map_, i);
+    ProgressSample& s = samples[static_cast<size_t>(i)];
+    // The section fields under the seqlock: a worker rewriting them right
+    // now is read again (or, still busy, on the next poll).
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      const uint64_t seq = slot->seq.load(std::memory_order_acquire);
+      if (seq % 2 == 1) continue;
+      s.events = slot->events.load(std::memory_order_acquire);
+      s.event_time = FromMonotonicNs(slot->event_ns.load());
+      char name[progress::kSectionNameSize];
+      std::memcpy(name, slot->section, sizeof name);
+      name[sizeof name - 1] = '\0';
+      s.section = name;
+      s.untimed = slot->flags.load() & progress::kUntimed;
+      if (slot->seq.load(std::memory_order_acquire) == seq) break;
+    }
+    s.beats = slot->beats.load(std::memory_order_acquire);
+    s.beat_time = FromMonotonicNs(slot->beat_ns.load());
+    s.busy = absl::Nanoseconds(slot->busy_ns.load());
+    s.sections_done = slot->sections_done.load();
+  }
+  return samples;
+}
+
+StackDump ProgressBoard::StacksOf(int i) const {
+  if (i < 0 || i >= slots_) return {};
+  const Slot* slot = SlotAt(map_, i);
+  const uint32_t flags = slot->flags.load();
+  const int signal = static_cast<int>(slot->stack_signal.load());
+  if (!(flags & progress::kStacksOnSignal) || signal < SIGRTMIN ||
+      signal > SIGRTMAX) {
+    return {};
+  }
+  return StackDump{true, signal};
+}
+
+}  // namespace ctrun

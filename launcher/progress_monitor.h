@@ -1,0 +1,138 @@
+// ProgressMonitor: one node's hang and pace watch over its workers'
+// progress signals (ctrun/progress.h), as a pure state machine.
+//
+// The agent's loop reads the progress board every kPollEvery and hands the
+// samples in with `now`; the monitor answers which workers are hung. It also
+// learns the longest silence seen in each section (--hang_timeout=auto) and
+// measures each rank's pace, both for the rendezvous (TakeReport), which
+// keeps the job-wide figures and names stragglers. No I/O, no clock, no
+// thread: owned by AgentPolicy, not thread-safe.
+//
+// Timeouts (HangTimeout):
+// - kOff: nothing is ever hung.
+// - kFixed: a worker is hung when no progress signal came for longer than
+//   the timeout, counted from its start for the first one; in an untimed
+//   section no timeout runs.
+// - kAuto: the timeout in a section ("" outside any) is kAutoFactor times
+//   the longest silence seen in it anywhere in the job (this node's and the
+//   job's figures, whichever is larger), at least kAutoFloor. A worker's
+//   first kWarmupIntervals silences in each section after its start are
+//   warm-up (a first step compiles, fills caches): they are not learned
+//   from, and they get the warm-up allowance if it is longer. A section with
+//   no figure yet gets the allowance too.
+#ifndef CTRUN_LAUNCHER_PROGRESS_MONITOR_H_
+#define CTRUN_LAUNCHER_PROGRESS_MONITOR_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ctrun/v1/rendezvous.pb.h"
+#include "launcher/launch_options.h"
+
+namespace ctrun {
+
+// One worker's slot as the loop read it (ctrun/progress_board.h).
+struct ProgressSample {
+  uint64_t beats = 0;
+  absl::Time beat_time = absl::InfinitePast();  // of the last heartbeat
+  uint64_t events = 0;
+  absl::Time event_time = absl::InfinitePast();  // of the last event
+  absl::Duration busy = absl::ZeroDuration();    // in outermost sections
+  uint64_t sections_done = 0;
+  std::string section;  // innermost open one; "" none
+  bool untimed = false;
+};
+
+// A worker past its timeout.
+struct SilentWorker {
+  int local_rank = 0;
+  absl::Time since;   // its last progress signal, or its start
+  bool ever = false;  // it sent one since it started
+  std::string section;
+  uint64_t beats = 0;
+  absl::Duration timeout;
+};
+
+class ProgressMonitor {
+ public:
+  static constexpr int kAutoFactor = 5;
+  static constexpr absl::Duration kAutoFloor = absl::Seconds(1);
+  static constexpr int kWarmupIntervals = 2;
+  static constexpr absl::Duration kPollEvery = absl::Milliseconds(100);
+  static constexpr absl::Duration kReportEvery = absl::Seconds(2);
+  // Sections learned per job at most; further ones get the allowance.
+  static constexpr size_t kMaxSections = 64;
+
+  explicit ProgressMonitor(HangTimeout timeout) : timeout_(timeout) {}
+
+  const HangTimeout& timeout() const { return timeout_; }
+
+  // A new attempt's workers started at `now`, local rank i being global
+  // rank ranks[i], with empty slots.
+  void Start(std::vector<int> ranks, absl::Time now);
+  // The worker at `local_rank` exited: it is no longer watched.
+  void Exited(int local_rank);
+  // No workers to watch until the next Start.
+  void Stop() { workers_.clear(); }
+
+  // The job's figures (Assignment.longest, Learned), merged by maximum.
+  void MergeLearned(
+      const google::protobuf::RepeatedPtrField<v1::LearnedInterval>& longest);
+
+  // One poll, samples[i] for local rank i. Returns the workers hung at
+  // `now`, the one whose last signal is oldest first; empty when none.
+  std::vector<SilentWorker> Observe(const std::vector<ProgressSample>& samples,
+                                    absl::Time now);
+
+  // Figures that grew and the ranks' paces since the last report, for
+  // `round`; nullopt when there is nothing new.
+  std::optional<v1::ProgressReport> TakeReport(int64_t round, absl::Time now);
+
+  // When the board is next due to be read, and the next report; both
+  // InfiniteFuture when nothing is watched.
+  absl::Time NextPoll() const;
+  absl::Time NextReport() const;
+
+  // The longest silence known in `section` (this node's or the job's).
+  std::optional<absl::Duration> Longest(const std::string& section) const;
+  // The timeout in `section` once warm-up is over: InfiniteDuration when
+  // none runs (kOff, or kAuto with no figure and an infinite allowance).
+  absl::Duration TimeoutIn(const std::string& section) const;
+
+ private:
+  struct Worker {
+    int rank = 0;
+    bool alive = true;
+    ProgressSample last;
+    // Silences seen so far per section, for warm-up.
+    std::map<std::string, int> intervals;
+    // The pace baseline: what the last report saw (none until warm-up).
+    bool beat_base = false;
+    uint64_t base_beats = 0;
+    absl::Time base_beat_time;
+    bool section_base = false;
+    uint64_t base_done = 0;
+    absl::Duration base_busy;
+  };
+
+  absl::Duration TimeoutFor(const Worker& w, const std::string& section) const;
+  void Learn(Worker& w, const std::string& section, bool untimed,
+             absl::Duration silence);
+
+  const HangTimeout timeout_;
+  absl::Time started_ = absl::InfinitePast();
+  std::vector<Worker> workers_;
+  absl::Time next_poll_ = absl::InfiniteFuture();
+  absl::Time next_report_ = absl::InfiniteFuture();
+  // Longest silences: this node's, the job's, and what was last reported.
+  std::map<std::string, absl::Duration> local_, job_, reported_;
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_PROGRESS_MONITOR_H_

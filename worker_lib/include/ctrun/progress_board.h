@@ -1,0 +1,74 @@
+// The progress board: how workers tell their agent that they make progress.
+//
+// The agent creates one file per node (`CTRUN_PROGRESS_FILE`), maps it
+// shared, and gives each worker a slot (`CTRUN_PROGRESS_SLOT`). A worker
+// writes plain stores into its slot — no system call, no lock, nothing that
+// can block — and the agent reads every slot a few times a second. The C++
+// API (ctrun/progress.h) and the Python module that ctrun puts on the
+// workers' PYTHONPATH write the same layout; this header is its definition.
+//
+// Layout (little-endian, native alignment):
+//   offset 0   char magic[8] = "CTRUNPB1"
+//          8   u32 slot_count
+//         12   u32 slot_size = 128
+//         64   slot 0, then slot 1, ...
+// A slot:
+//          0   u64 seq            odd while the worker rewrites the section
+//                                 fields (a seqlock); heartbeats skip it
+//          8   u64 beats          heartbeats so far
+//         16   i64 beat_ns        CLOCK_MONOTONIC of the last heartbeat
+//         24   u64 events         progress events: beats, section enters
+//                                 and exits
+//         32   i64 event_ns       CLOCK_MONOTONIC of the last event
+//         40   i64 busy_ns        time spent in completed outermost sections
+//         48   u64 sections_done  outermost sections completed
+//         56   u32 flags          kUntimed, kStacksOnSignal
+//         60   u32 stack_signal   the signal that dumps Python stacks
+//         64   char section[64]   innermost open section, NUL-terminated
+#ifndef CTRUN_PROGRESS_BOARD_H_
+#define CTRUN_PROGRESS_BOARD_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace ctrun::progress {
+
+inline constexpr char kMagic[8] = {'C', 'T', 'R', 'U', 'N', 'P', 'B', '1'};
+inline constexpr size_t kHeaderSize = 64;
+inline constexpr size_t kSlotSize = 128;
+inline constexpr size_t kSectionNameSize = 64;  // with its NUL
+
+// Slot flags.
+// The innermost open section was entered as untimed (a checkpoint): no hang
+// timeout runs while it is open.
+inline constexpr uint32_t kUntimed = 1u << 0;
+// The worker dumps its Python stacks (faulthandler) on `stack_signal`,
+// appending them to its CTRUN_STACKS_FILE.
+inline constexpr uint32_t kStacksOnSignal = 1u << 1;
+
+struct Header {
+  char magic[8];
+  uint32_t slot_count;
+  uint32_t slot_size;
+};
+
+struct Slot {
+  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> beats;
+  std::atomic<int64_t> beat_ns;
+  std::atomic<uint64_t> events;
+  std::atomic<int64_t> event_ns;
+  std::atomic<int64_t> busy_ns;
+  std::atomic<uint64_t> sections_done;
+  std::atomic<uint32_t> flags;
+  std::atomic<uint32_t> stack_signal;
+  char section[kSectionNameSize];
+};
+static_assert(sizeof(Slot) == kSlotSize);
+static_assert(offsetof(Slot, section) == 64);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+}  // namespace ctrun::progress
+
+#endif  // CTRUN_PROGRESS_BOARD_H_

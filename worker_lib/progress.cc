@@ -1,0 +1,144 @@
+#include "ctrun/progress.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ctrun/environment.h"
+#include "ctrun/progress_board.h"
+
+namespace ctrun {
+namespace {
+
+using progress::Slot;
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// This process's slot; null outside ctrun, on a malformed board, and in a
+// forked child (its parent's slot is not its own).
+std::atomic<Slot*> g_slot{nullptr};
+
+void ForgetSlotInChild() { g_slot.store(nullptr, std::memory_order_relaxed); }
+
+Slot* MapSlot() {
+  const char* path = std::getenv(env::kProgressFile);
+  const char* slot_text = std::getenv(env::kProgressSlot);
+  if (path == nullptr || slot_text == nullptr) return nullptr;
+  char* end = nullptr;
+  const long index = std::strtol(slot_text, &end, 10);
+  if (*slot_text == '\0' || *end != '\0' || index < 0) return nullptr;
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* map = MAP_FAILED;
+  const size_t size = progress::kHeaderSize +
+                      (static_cast<size_t>(index) + 1) * progress::kSlotSize;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= size) {
+    map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (map == MAP_FAILED) return nullptr;
+  const auto* header = static_cast<const progress::Header*>(map);
+  if (std::memcmp(header->magic, progress::kMagic, sizeof header->magic) != 0 ||
+      header->slot_size != progress::kSlotSize ||
+      header->slot_count <= static_cast<uint32_t>(index)) {
+    munmap(map, size);
+    return nullptr;
+  }
+  pthread_atfork(nullptr, nullptr, ForgetSlotInChild);
+  return reinterpret_cast<Slot*>(
+      static_cast<char*>(map) + progress::kHeaderSize +
+      static_cast<size_t>(index) * progress::kSlotSize);
+}
+
+Slot* TheSlot() {
+  // Mapped once, on first use; a forked child keeps its null.
+  static const bool mapped = [] {
+    g_slot.store(MapSlot(), std::memory_order_release);
+    return true;
+  }();
+  (void)mapped;
+  return g_slot.load(std::memory_order_acquire);
+}
+
+// The open sections, outermost first.
+struct OpenSection {
+  std::string name;
+  SectionTiming timing;
+  int64_t start_ns;
+};
+std::mutex g_sections_mu;
+std::vector<OpenSection> g_sections;  // guarded by g_sections_mu
+
+// Publishes the innermost open section as one progress event, under the
+// slot's seqlock so that the agent never reads a half-written name.
+void PublishSection(Slot* slot, int64_t now) {
+  const OpenSection* top = g_sections.empty() ? nullptr : &g_sections.back();
+  slot->seq.fetch_add(1, std::memory_order_acq_rel);
+  char name[progress::kSectionNameSize] = {};
+  if (top != nullptr) {
+    std::strncpy(name, top->name.c_str(), sizeof name - 1);
+  }
+  std::memcpy(slot->section, name, sizeof name);
+  uint32_t flags = slot->flags.load(std::memory_order_relaxed);
+  flags &= ~progress::kUntimed;
+  if (top != nullptr && top->timing == kUntimed) flags |= progress::kUntimed;
+  slot->flags.store(flags, std::memory_order_relaxed);
+  slot->event_ns.store(now, std::memory_order_relaxed);
+  slot->events.fetch_add(1, std::memory_order_relaxed);
+  slot->seq.fetch_add(1, std::memory_order_release);
+}
+
+}  // namespace
+
+void Heartbeat() {
+  Slot* slot = TheSlot();
+  if (slot == nullptr) return;
+  const int64_t now = MonotonicNs();
+  slot->beat_ns.store(now, std::memory_order_relaxed);
+  slot->event_ns.store(now, std::memory_order_relaxed);
+  slot->beats.fetch_add(1, std::memory_order_relaxed);
+  slot->events.fetch_add(1, std::memory_order_release);
+}
+
+bool ProgressReported() { return TheSlot() != nullptr; }
+
+Section::Section(const char* name, SectionTiming timing) {
+  Slot* slot = TheSlot();
+  if (slot == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_sections_mu);
+  const int64_t now = MonotonicNs();
+  g_sections.push_back({name, timing, now});
+  PublishSection(slot, now);
+}
+
+Section::~Section() {
+  Slot* slot = TheSlot();
+  if (slot == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_sections_mu);
+  if (g_sections.empty()) return;  // opened before a fork
+  const int64_t now = MonotonicNs();
+  const int64_t start = g_sections.back().start_ns;
+  g_sections.pop_back();
+  if (g_sections.empty()) {
+    slot->busy_ns.fetch_add(now - start, std::memory_order_relaxed);
+    slot->sections_done.fetch_add(1, std::memory_order_relaxed);
+  }
+  PublishSection(slot, now);
+}
+
+}  // namespace ctrun

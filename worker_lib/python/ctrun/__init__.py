@@ -1,0 +1,176 @@
+"""Progress signals from a worker to its ctrun agent.
+
+ctrun puts this module on its workers' PYTHONPATH, so nothing needs to be
+installed:
+
+    import ctrun
+
+    for step in range(steps):
+        ctrun.heartbeat()                  # once per step
+        with ctrun.section("compute"):     # a rank's own work
+            loss = model(batch).sum()
+            loss.backward()
+        optimizer.step()
+    with ctrun.section("checkpoint", untimed=True):
+        save(model)
+
+Each call writes a few numbers into memory shared with the agent (the
+layout is ctrun/progress_board.h in libctrun_worker): no system call, no
+lock, nothing that can block. Outside ctrun, and in processes forked from
+the worker (DataLoader workers), every function does nothing.
+
+Under ctrun, importing the module also registers faulthandler on a spare
+real-time signal, so that the agent can take every thread's Python stack
+from a hung worker before it is stopped.
+"""
+
+import faulthandler
+import mmap
+import os
+import signal
+import struct
+import time
+
+__all__ = ["heartbeat", "section", "reported"]
+
+_MAGIC = b"CTRUNPB1"
+_HEADER = 64
+_SLOT = 128
+_NAME = 64
+_UNTIMED = 1
+_STACKS_ON_SIGNAL = 2
+
+# Word offsets in a slot (8-byte words).
+_SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _DONE = range(7)
+_FLAGS_OFFSET = 56
+_NAME_OFFSET = 64
+
+_words = None  # memoryview of the board as signed 64-bit words
+_map = None
+_base = 0  # this slot's first word
+_offset = 0  # this slot's first byte
+_sections = []  # (name, untimed, start_ns), outermost first
+_stacks_file = None
+_now = time.monotonic_ns  # CLOCK_MONOTONIC, as the agent reads it
+
+
+def reported():
+    """Whether this process reports to a ctrun agent."""
+    return _words is not None
+
+
+def heartbeat():
+    """One step done."""
+    w = _words
+    if w is None:
+        return
+    now = _now()
+    b = _base
+    w[b + _BEAT_NS] = now
+    w[b + _EVENT_NS] = now
+    w[b + _BEATS] += 1
+    w[b + _EVENTS] += 1
+
+
+class section:
+    """A named stretch of work: `with ctrun.section("step"):`.
+
+    untimed=True (a checkpoint, an evaluation of unknown length): no hang
+    timeout runs while it is open. Sections belong to the process: open and
+    close them on one thread, innermost first.
+    """
+
+    __slots__ = ("_name", "_untimed")
+
+    def __init__(self, name, untimed=False):
+        self._name = str(name)
+        self._untimed = bool(untimed)
+
+    def __enter__(self):
+        if _words is not None:
+            _sections.append((self._name, self._untimed, _now()))
+            _publish()
+        return self
+
+    def __exit__(self, *exc):
+        if _words is not None and _sections:
+            _, _, start = _sections.pop()
+            now = _now()
+            if not _sections:
+                _words[_base + _BUSY_NS] += now - start
+                _words[_base + _DONE] += 1
+            _publish(now)
+        return False
+
+
+def _publish(now=None):
+    """The innermost open section, as one event, under the slot's seqlock."""
+    w, b, m = _words, _base, _map
+    if now is None:
+        now = _now()
+    name, untimed = (_sections[-1][0], _sections[-1][1]) if _sections else ("", False)
+    raw = name.encode("utf-8", "replace")[: _NAME - 1].ljust(_NAME, b"\0")
+    w[b + _SEQ] += 1
+    m[_offset + _NAME_OFFSET : _offset + _NAME_OFFSET + _NAME] = raw
+    flags, sig = struct.unpack_from("<II", m, _offset + _FLAGS_OFFSET)
+    flags = (flags & ~_UNTIMED) | (_UNTIMED if untimed else 0)
+    struct.pack_into("<II", m, _offset + _FLAGS_OFFSET, flags, sig)
+    w[b + _EVENT_NS] = now
+    w[b + _EVENTS] += 1
+    w[b + _SEQ] += 1
+
+
+def _forget():
+    # A forked child is not the worker: its calls must not count.
+    global _words, _map
+    _words = None
+    _map = None
+
+
+def _register_stacks():
+    """faulthandler on a spare real-time signal, appending to the worker's
+    stacks file; the slot says which signal, so that the agent never sends
+    it to a process that would die of it."""
+    global _stacks_file
+    path = os.environ.get("CTRUN_STACKS_FILE")
+    if not path or not hasattr(signal, "SIGRTMIN"):
+        return
+    sig = int(signal.SIGRTMIN) + 6
+    _stacks_file = open(path, "a")
+    faulthandler.register(sig, file=_stacks_file, all_threads=True, chain=False)
+    flags, _ = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
+    struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _STACKS_ON_SIGNAL, sig)
+
+
+def _attach():
+    global _words, _map, _base, _offset
+    path = os.environ.get("CTRUN_PROGRESS_FILE")
+    slot = os.environ.get("CTRUN_PROGRESS_SLOT")
+    if not path or slot is None or not slot.isdigit():
+        return
+    index = int(slot)
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size < _HEADER + (index + 1) * _SLOT:
+            return
+        m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    count, slot_size = struct.unpack_from("<II", m, 8)
+    if m[:8] != _MAGIC or slot_size != _SLOT or index >= count:
+        m.close()
+        return
+    _map = m
+    _offset = _HEADER + index * _SLOT
+    _base = _offset // 8
+    _words = memoryview(m).cast("q")
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget)
+    _register_stacks()
+
+
+try:
+    _attach()
+except Exception:  # a worker must never fail because of its progress signals
+    _forget()
