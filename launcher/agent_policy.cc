@@ -474,7 +474,10 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
                          " trying to use the terminal, which only local rank "
                          "0 of a job in the terminal's foreground can read "
                          "(give the others input another way); ended it")
-      : !timer_cause.empty() ? timer_cause
+      : !timer_cause.empty()
+          ? absl::StrCat("was killed by ", SignalName(e.signal),
+                         ": its torchrun file timer '", it->timer_scope,
+                         "' expired")
       : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
                  : absl::StrCat("exited with code ", e.exit_code);
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
@@ -788,6 +791,7 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
   if (now >= ProgressDue()) PrintProgress(now, effects);
   if (now >= evidence_deadline_) EndEvidence(now, effects);
   if (phase_ == Phase::kRunning && now >= monitor_.NextPoll()) {
+    monitor_.Polled(now);
     effects->push_back(agent_effect::ReadProgress{});
   }
   if (now >= monitor_.NextReport()) {

@@ -89,7 +89,6 @@ std::vector<SilentWorker> ProgressMonitor::Observe(
     const std::vector<ProgressSample>& samples, absl::Time now) {
   std::vector<SilentWorker> silent;
   if (workers_.empty()) return silent;
-  next_poll_ = now + kPollEvery;
   for (size_t i = 0; i < workers_.size() && i < samples.size(); ++i) {
     Worker& w = workers_[i];
     if (!w.alive) continue;

@@ -93,6 +93,9 @@ class ProgressMonitor {
   // `round`; nullopt when there is nothing new.
   std::optional<v1::ProgressReport> TakeReport(int64_t round, absl::Time now);
 
+  // The board is read at `now` (ReadProgress): the next read is due
+  // kPollEvery later, whether or not this one is answered.
+  void Polled(absl::Time now) { next_poll_ = now + kPollEvery; }
   // When the board is next due to be read, and the next report; both
   // InfiniteFuture when nothing is watched.
   absl::Time NextPoll() const;

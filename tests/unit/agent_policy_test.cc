@@ -104,6 +104,19 @@ class Harness {
     policy_.OnWorkersStarted(started, now_, &more);
     effects_.insert(effects_.end(), more.begin(), more.end());
   }
+  // The loop's answer to ReadProgress.
+  void Progress(const std::vector<ProgressSample>& samples) {
+    effects_.clear();
+    policy_.OnProgressRead(samples, now_, absl::UnixEpoch(), &effects_);
+  }
+  void Collected() {
+    effects_.clear();
+    policy_.OnEvidenceCollected(now_, &effects_);
+  }
+  void TimerLine(const std::string& line, absl::Time wall) {
+    effects_.clear();
+    policy_.OnTimerRequest(line, now_, wall, &effects_);
+  }
   void Exit(int local_rank, int code, int signal = 0) {
     effects_.clear();
     policy_.OnWorkerExit({local_rank, code, signal, absl::UnixEpoch()}, now_,
@@ -966,6 +979,235 @@ TEST_CASE("Heartbeats go out every keep-alive interval, not while reopening",
   CHECK(heartbeats() == 0);
   h.Advance(absl::Milliseconds(2500));
   CHECK(heartbeats() == 2);  // on the reopened session
+}
+
+// --- hangs, evidence, file timers -------------------------------------------
+
+LaunchOptions HangOptions(absl::Duration timeout = absl::Seconds(2)) {
+  LaunchOptions o = Options();
+  o.hang_timeout.mode = HangTimeout::Mode::kFixed;
+  o.hang_timeout.fixed = timeout;
+  o.hang_evidence_timeout = absl::Seconds(10);
+  return o;
+}
+
+// Local rank 0 beat just now; local rank 1 never did.
+std::vector<ProgressSample> OneSilent(absl::Time now) {
+  std::vector<ProgressSample> s(2);
+  s[0].beats = s[0].events = 40;
+  s[0].beat_time = s[0].event_time = now;
+  return s;
+}
+
+TEST_CASE("The board is read while workers run, and only then",
+          "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Advance(absl::Seconds(1));
+  CHECK_FALSE(h.Has<e::ReadProgress>());
+  h.Assign(0);
+  h.Advance(absl::Milliseconds(350));
+  CHECK(h.Count<e::ReadProgress>() == 3);
+  h.Exit(0, 1);
+  h.Advance(absl::Seconds(1));
+  CHECK_FALSE(h.Has<e::ReadProgress>());
+}
+
+TEST_CASE("A hung worker is reported and its evidence taken before the stop",
+          "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  h.Advance(absl::Seconds(1));
+  h.Progress(OneSilent(h.now()));
+  CHECK(h.Reports().empty());
+  h.Advance(absl::Milliseconds(1100));
+  h.Progress(OneSilent(h.now()));
+  CHECK(
+      h.Said("worker rank 5 (local 1, pid 101) is hung: no progress signal "
+             "in the 2.1s since it started (hang timeout 2s"));
+  REQUIRE(h.Reports().size() == 1);
+  const v1::WorkerReport r = h.Reports()[0];
+  CHECK(r.state() == v1::WorkerReport::FAILED);
+  CHECK(r.failure().hung());
+  CHECK(r.failure().global_rank() == 5);
+  CHECK(absl::StrContains(r.failure().message(), "no progress signal"));
+  REQUIRE(h.Has<e::CollectEvidence>());
+  CHECK(h.Get<e::CollectEvidence>().focus == 1);
+  CHECK(h.Get<e::CollectEvidence>().dir == "hang_round_0");
+  CHECK(h.Get<e::CollectEvidence>().deadline == h.now() + absl::Seconds(10));
+  CHECK(h.Signals().empty());
+  CHECK(h.policy().phase() == Phase::kCollecting);
+  // The restart the report caused waits for the evidence.
+  v1::ServerMessage restart = Restart(1, "rank 5 hung");
+  restart.mutable_restart_required()->set_collect_evidence(true);
+  h.Message(restart);
+  CHECK(h.Signals().empty());
+  h.Collected();
+  CHECK(h.Has<e::EndEvidence>());
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  CHECK(h.policy().phase() == Phase::kStopping);
+}
+
+TEST_CASE("Evidence that takes too long is cut at its deadline",
+          "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  h.Advance(absl::Milliseconds(2100));
+  h.Progress(OneSilent(h.now()));
+  REQUIRE(h.Has<e::CollectEvidence>());
+  h.Advance(absl::Milliseconds(9900));
+  CHECK(h.Signals().empty());
+  h.Advance(absl::Milliseconds(200));
+  CHECK(h.Has<e::EndEvidence>());
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+}
+
+TEST_CASE("A node told of a hang elsewhere collects before it stops",
+          "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  v1::ServerMessage restart = Restart(1, "rank 0 on node-b hung");
+  restart.mutable_restart_required()->set_collect_evidence(true);
+  h.Message(restart);
+  REQUIRE(h.Has<e::CollectEvidence>());
+  CHECK(h.Get<e::CollectEvidence>().focus == -1);
+  CHECK(h.Signals().empty());
+  h.Collected();
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.Has<e::SendRejoin>());
+}
+
+TEST_CASE("A signal does not wait for the evidence", "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  h.Advance(absl::Milliseconds(2100));
+  h.Progress(OneSilent(h.now()));
+  REQUIRE(h.policy().phase() == Phase::kCollecting);
+  h.Signal(SIGINT);
+  CHECK(h.Sequence().size() >= 2);
+  CHECK(h.Has<e::EndEvidence>());
+  CHECK(h.Signals() == std::vector<int>{SIGINT});
+}
+
+TEST_CASE("A hang with no restarts left exits with the hang code",
+          "[agent][unit]") {
+  LaunchOptions o = HangOptions();
+  o.max_restarts = 0;
+  Harness h(o);
+  h.Assign(0);
+  h.Advance(absl::Milliseconds(2100));
+  h.Progress(OneSilent(h.now()));
+  h.Collected();
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  v1::ServerMessage failed;
+  failed.mutable_job_failed()->set_reason("rank 5 hung; no restarts left");
+  failed.mutable_job_failed()->set_hung(true);
+  h.Message(failed);
+  REQUIRE(h.ExitCode() == kHangExitCode);
+  REQUIRE(h.Has<e::Print>());
+  const std::string& summary = h.Get<e::Print>().text;
+  CHECK(absl::StrContains(summary, "cause      : hung: no progress signal"));
+  CHECK(absl::StrContains(summary, "exitcode   : <hung> (pid: 101"));
+}
+
+TEST_CASE(
+    "A node whose job failed by a hang elsewhere exits with the hang "
+    "code after collecting",
+    "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  v1::ServerMessage failed;
+  failed.mutable_job_failed()->set_reason("rank 0 on node-b hung");
+  failed.mutable_job_failed()->set_hung(true);
+  h.Message(failed);
+  REQUIRE(h.Has<e::CollectEvidence>());
+  CHECK(h.Signals().empty());
+  h.Collected();
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  CHECK(h.ExitCode() == kHangExitCode);
+}
+
+TEST_CASE("Learned silences come with the assignment and are said",
+          "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.hang_timeout.mode = HangTimeout::Mode::kAuto;
+  Harness h(o);
+  v1::ServerMessage m;
+  auto* a = m.mutable_assignment();
+  a->set_round(3);
+  a->set_restart_count(1);
+  auto* l = a->add_longest();
+  l->set_section("");
+  l->set_longest_ms(240);
+  h.Message(m);
+  CHECK(
+      h.Said("hang timeout 1.2s after each worker's warm-up: 5 x the "
+             "longest silence this job has shown (240ms)"));
+  CHECK(h.policy().monitor().TimeoutIn("") == absl::Milliseconds(1200));
+}
+
+TEST_CASE("A straggler named by the rendezvous is said", "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  v1::ServerMessage m;
+  auto* s = m.mutable_straggler();
+  s->set_rank(5);
+  s->set_node("gpu03:77");
+  s->set_ratio(1.4);
+  s->set_steps(12);
+  s->set_mean_step_us(140000);
+  s->set_median_step_us(100000);
+  h.Message(m);
+  CHECK(
+      h.Said("rank 5 on node gpu03:77 is 1.4x slower than the median step "
+             "(0.14s against 0.1s, 12 steps); not restarting for it"));
+  CHECK(h.Signals().empty());
+}
+
+TEST_CASE(
+    "An expired file timer kills its worker, and the failure names "
+    "the scope",
+    "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.file_timers = true;
+  Harness h(o);
+  h.Assign(0);
+  const absl::Time wall = absl::FromUnixSeconds(1'800'000'000);
+  h.TimerLine(R"({"version": 1, "pid": 101, "scope_id": "dataloader", )"
+              R"("expiration_time": 1800000001.0, "signal": 9})",
+              wall);
+  h.Advance(absl::Milliseconds(900));
+  CHECK_FALSE(h.Has<e::KillTimedOut>());
+  h.Advance(absl::Milliseconds(200));
+  REQUIRE(h.Has<e::KillTimedOut>());
+  CHECK(h.Get<e::KillTimedOut>().pid == 101);
+  CHECK(h.Get<e::KillTimedOut>().signal == SIGKILL);
+  CHECK(
+      h.Said("torchrun file timer 'dataloader' of worker rank 5 (pid 101) "
+             "expired; killing it with SIGKILL"));
+  h.Exit(1, 0, SIGKILL);
+  CHECK(
+      h.Said("worker rank 5 (local 1, pid 101) was killed by SIGKILL: its "
+             "torchrun file timer 'dataloader' expired; stopping the "
+             "others"));
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(absl::StrContains(h.Reports()[0].failure().message(),
+                          "file timer 'dataloader' expired"));
+}
+
+TEST_CASE("A malformed file-timer request is said once and ignored",
+          "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.file_timers = true;
+  Harness h(o);
+  h.Assign(0);
+  h.TimerLine("garbage", absl::UnixEpoch());
+  CHECK(h.Said("ignoring a request on the file-timer FIFO: not a JSON object"));
+  h.TimerLine("more garbage", absl::UnixEpoch());
+  CHECK(h.effects().empty());
 }
 
 }  // namespace

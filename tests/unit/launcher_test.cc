@@ -411,6 +411,57 @@ TEST_CASE("A virtual local rank is 0 and sees only its own GPU",
   CHECK(Parse({"--virtual-local-rank", "t"})->options.virtual_local_rank);
 }
 
+TEST_CASE(
+    "Workers get their progress slot and ctrun's module after the "
+    "user's PYTHONPATH",
+    "[launcher][unit]") {
+  LaunchOptions o;
+  const ProgressPaths paths{"/run/progress.board", "/run/python", "", "/run"};
+  EnvMap e = {{"PYTHONPATH", "/home/me/lib"}};
+  AddProgressEnvironment(o, paths, 3, "/run/attempt_0/3/stacks.txt", &e);
+  CHECK(e["CTRUN_PROGRESS_FILE"] == "/run/progress.board");
+  CHECK(e["CTRUN_PROGRESS_SLOT"] == "3");
+  CHECK(e["CTRUN_STACKS_FILE"] == "/run/attempt_0/3/stacks.txt");
+  CHECK(e["PYTHONPATH"] == "/home/me/lib:/run/python");
+  CHECK_FALSE(e.contains("TORCHELASTIC_TIMER_FILE"));
+  CHECK_FALSE(e.contains("TORCH_NCCL_TRACE_BUFFER_SIZE"));
+  EnvMap bare;
+  AddProgressEnvironment(o, paths, 0, "", &bare);
+  CHECK(bare["PYTHONPATH"] == "/run/python");
+}
+
+TEST_CASE(
+    "Watching hangs points the NCCL flight recorder at the run "
+    "directory unless the user did",
+    "[launcher][unit]") {
+  LaunchOptions o;
+  o.hang_timeout.mode = HangTimeout::Mode::kAuto;
+  const ProgressPaths paths{"/run/b", "/run/python", "/run/timer.fifo", "/run"};
+  EnvMap e = {{"TORCH_NCCL_TRACE_BUFFER_SIZE", "100"}};
+  AddProgressEnvironment(o, paths, 0, "", &e);
+  CHECK(e["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100");
+  CHECK(e["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1");
+  CHECK(e["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/run/nccl_trace_rank_");
+  CHECK(e["TORCHELASTIC_TIMER_FILE"] == "/run/timer.fifo");
+}
+
+TEST_CASE("--hang_timeout and its companions are parsed and checked",
+          "[launcher][unit]") {
+  auto p = Parse({"--hang_timeout=auto", "--hang_warmup=60",
+                  "--hang-evidence-timeout=3", "t"});
+  REQUIRE(p.ok());
+  CHECK(p->options.hang_timeout.mode == HangTimeout::Mode::kAuto);
+  CHECK(p->options.hang_timeout.warmup == absl::Seconds(60));
+  CHECK(p->options.hang_evidence_timeout == absl::Seconds(3));
+  CHECK(Parse({"--hang_timeout=2.5", "t"})->options.hang_timeout.fixed ==
+        absl::Milliseconds(2500));
+  CHECK(Parse({"t"})->options.hang_timeout.mode == HangTimeout::Mode::kOff);
+  CHECK(Parse({"--hang_timeout=soon", "t"}).status().message() ==
+        "--hang_timeout=soon: expected seconds > 0, auto (learned from the "
+        "job's own steps) or off");
+  CHECK_FALSE(Parse({"--hang_evidence_timeout=9999", "t"}).ok());
+}
+
 TEST_CASE("Worker environment has torchrun's variables", "[launcher][unit]") {
   LaunchOptions o;
   o.local_world_size = 4;

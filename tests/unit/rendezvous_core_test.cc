@@ -82,6 +82,20 @@ class Harness {
   void Heartbeat(SessionId s) {
     Send(s, [](v1::AgentMessage& m) { m.mutable_heartbeat(); });
   }
+  void ReportHang(SessionId s, int64_t round, int rank) {
+    Send(s, [&](v1::AgentMessage& m) {
+      auto* r = m.mutable_worker_report();
+      r->set_round(round);
+      r->set_state(v1::WorkerReport::FAILED);
+      r->mutable_failure()->set_global_rank(rank);
+      r->mutable_failure()->set_hung(true);
+      r->mutable_failure()->set_message("no progress for 2s");
+    });
+  }
+  void ReportProgress(SessionId s, const v1::ProgressReport& report) {
+    Send(s,
+         [&](v1::AgentMessage& m) { *m.mutable_progress_report() = report; });
+  }
   void Close(SessionId s) {
     joined_.erase(s);
     Effects fx;
@@ -137,6 +151,16 @@ class Harness {
   std::optional<v1::Resumed> LastResumed(SessionId s) const {
     return Last<v1::Resumed>(s, [](const v1::ServerMessage& m) {
       return m.has_resumed() ? std::optional(m.resumed()) : std::nullopt;
+    });
+  }
+  std::optional<v1::Learned> LastLearned(SessionId s) const {
+    return Last<v1::Learned>(s, [](const v1::ServerMessage& m) {
+      return m.has_learned() ? std::optional(m.learned()) : std::nullopt;
+    });
+  }
+  std::optional<v1::Straggler> LastStraggler(SessionId s) const {
+    return Last<v1::Straggler>(s, [](const v1::ServerMessage& m) {
+      return m.has_straggler() ? std::optional(m.straggler()) : std::nullopt;
     });
   }
   // Jobs named changed since the last Clear.
@@ -1152,6 +1176,137 @@ TEST_CASE("Snapshots that make no sense are refused on restore",
   REQUIRE(h.core().Restore(s, {}, absl::Seconds(1), h.now()).ok());
   CHECK(absl::IsAlreadyExists(
       h.core().Restore(s, {}, absl::Seconds(1), h.now())));
+}
+
+// --- hangs, learned silences, stragglers -------------------------------------
+
+v1::ProgressReport Longest(int64_t round, const std::string& section,
+                           int64_t ms) {
+  v1::ProgressReport r;
+  r.set_round(round);
+  auto* l = r.add_longest();
+  l->set_section(section);
+  l->set_longest_ms(ms);
+  return r;
+}
+
+TEST_CASE("A hung worker restarts the job, every node collecting evidence",
+          "[rendezvous][unit]") {
+  Harness h(2, 2, 1);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  REQUIRE(h.LastAssignment(2).has_value());
+  h.ReportHang(2, 0, 1);
+  for (SessionId s : {1, 2}) {
+    auto r = h.LastRestart(s);
+    REQUIRE(r.has_value());
+    CHECK(r->reason() == RestartRequired::WORKER_HUNG);
+    CHECK(r->collect_evidence());
+    CHECK(r->restart_count() == 1);
+    CHECK(r->detail().find("worker rank 1 (local 0) on b:1002 hung: no "
+                           "progress for 2s") != std::string::npos);
+  }
+}
+
+TEST_CASE("A hang with no restarts left fails the job as hung",
+          "[rendezvous][unit]") {
+  Harness h(1, 1, 0);
+  h.Join(1, "a");
+  h.ReportHang(1, 0, 0);
+  auto failed = h.LastFailed(1);
+  REQUIRE(failed.has_value());
+  CHECK(failed->hung());
+  CHECK(failed->reason().find("hung") != std::string::npos);
+}
+
+TEST_CASE("A worker failure does not fail the job as hung",
+          "[rendezvous][unit]") {
+  Harness h(1, 1, 0);
+  h.Join(1, "a");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  REQUIRE(h.LastFailed(1).has_value());
+  CHECK_FALSE(h.LastFailed(1)->hung());
+}
+
+TEST_CASE("The job keeps the longest silences across rounds",
+          "[rendezvous][unit]") {
+  Harness h(2, 2, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Clear();
+  h.ReportProgress(1, Longest(0, "", 300));
+  for (SessionId s : {1, 2}) {
+    auto learned = h.LastLearned(s);
+    REQUIRE(learned.has_value());
+    REQUIRE(learned->longest_size() == 1);
+    CHECK(learned->longest(0).longest_ms() == 300);
+  }
+  CHECK(h.changed().contains("job"));
+  // Shorter, or for another round: nothing new.
+  h.Clear();
+  h.ReportProgress(2, Longest(0, "", 200));
+  h.ReportProgress(2, Longest(5, "", 900));
+  CHECK_FALSE(h.LastLearned(1).has_value());
+  // A restart: the next round's assignments carry it.
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  auto a = h.LastAssignment(1);
+  REQUIRE(a.has_value());
+  CHECK(a->round() == 1);
+  REQUIRE(a->longest_size() == 1);
+  CHECK(a->longest(0).longest_ms() == 300);
+  auto status = h.core().DescribeJob("job", h.now());
+  REQUIRE(status.ok());
+  REQUIRE(status->longest_size() == 1);
+  // And the journal keeps it.
+  auto snapshot = h.core().SnapshotJob("job");
+  REQUIRE(snapshot.has_value());
+  REQUIRE(snapshot->longest_size() == 1);
+  CHECK(snapshot->longest(0).longest_ms() == 300);
+  RendezvousCore restored;
+  REQUIRE(restored.Restore(*snapshot, {}, absl::Seconds(10), h.now()).ok());
+  auto back = restored.DescribeJob("job", h.now());
+  REQUIRE(back.ok());
+  REQUIRE(back->longest_size() == 1);
+  CHECK(back->longest(0).longest_ms() == 300);
+}
+
+TEST_CASE("A straggler is named to the node of group rank 0 only",
+          "[rendezvous][unit]") {
+  Harness h(2, 2, 1);
+  h.Join(1, "a", 2);
+  h.Join(2, "b", 2);  // ranks 2 and 3
+  h.Clear();
+  auto paces = [](std::initializer_list<std::pair<int, int64_t>> ranks) {
+    v1::ProgressReport r;
+    r.set_round(0);
+    for (auto [rank, us] : ranks) {
+      auto* p = r.add_paces();
+      p->set_rank(rank);
+      p->set_steps(5);
+      p->set_mean_step_us(us);
+    }
+    return r;
+  };
+  for (int i = 0; i < 4; ++i) {
+    h.ReportProgress(1, paces({{0, 100000}, {1, 100000}}));
+    // A node's report of ranks that are not its own is ignored.
+    h.ReportProgress(1, paces({{2, 900000}}));
+    h.ReportProgress(2, paces({{2, 100000}, {3, 130000}}));
+    h.Advance(absl::Seconds(2));
+  }
+  auto named = h.LastStraggler(1);
+  REQUIRE(named.has_value());
+  CHECK(named->rank() == 3);
+  CHECK(named->node() == "b:1002");
+  CHECK(named->ratio() == Approx(1.3));
+  CHECK_FALSE(h.LastStraggler(2).has_value());
+  CHECK_FALSE(h.LastRestart(1).has_value());
+  auto status = h.core().DescribeJob("job", h.now());
+  REQUIRE(status.ok());
+  REQUIRE(status->stragglers_size() == 1);
+  CHECK(status->stragglers(0).rank() == 3);
 }
 
 }  // namespace
