@@ -22,6 +22,7 @@
 #include "ctrun/environment.h"
 #include "ctrun/v1/admin.grpc.pb.h"
 #include "launcher/python_module.h"
+#include "launcher/watchdog.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/rendezvous_server.h"
@@ -33,6 +34,8 @@ namespace {
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 2;
+// Lines of a hung worker's Python stack shown on the console.
+constexpr int kStackLinesShown = 24;
 // A file-timer request longer than this is not one (PIPE_BUF is 4096).
 constexpr size_t kMaxTimerLine = 4096;
 
@@ -125,6 +128,11 @@ Agent::~Agent() {
   for (int fd : {epoll_fd_, signal_fd_, timer_fd_}) {
     if (fd >= 0) close(fd);
   }
+  board_.reset();
+  if (!agent_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(agent_dir_, ec);
+  }
 }
 
 absl::Status Agent::Setup() {
@@ -156,11 +164,12 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   if (run_dir.empty()) return absl::OkStatus();
   ProgressPaths& paths = group.progress;
   paths.run_dir = run_dir;
-  paths.python_dir = run_dir + "/python";
+  agent_dir_ = absl::StrCat(run_dir, "/", kAgentFolder);
+  paths.python_dir = agent_dir_ + "/python";
   std::error_code ec;
   std::filesystem::create_directories(paths.python_dir + "/ctrun", ec);
   std::ofstream(paths.python_dir + "/ctrun/__init__.py") << kPythonModule;
-  auto board = ProgressBoard::Create(run_dir + "/progress.board",
+  auto board = ProgressBoard::Create(agent_dir_ + "/progress.board",
                                      group.options.local_world_size);
   if (!board.ok()) return board.status();
   board_ = std::move(*board);
@@ -169,7 +178,7 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   // Read and written here, so that it never reads as closed between two
   // clients' writes, and a client's non-blocking open always finds a
   // reader (torch's FileTimerClient fails without one).
-  paths.timer_fifo = run_dir + "/timer.fifo";
+  paths.timer_fifo = agent_dir_ + "/timer.fifo";
   if (mkfifo(paths.timer_fifo.c_str(), 0600) != 0 ||
       (timer_fd_ = open(paths.timer_fifo.c_str(),
                         O_RDWR | O_NONBLOCK | O_CLOEXEC)) < 0) {
@@ -305,13 +314,28 @@ void Agent::StartEvidence(const agent_effect::CollectEvidence& collect) {
 
 void Agent::EndEvidence() {
   if (!evidence_) return;
+  const std::string evidence_dir = evidence_->dir();
   std::string text = absl::StrCat("ctrun: ", evidence_->Finish(), "\n");
   if (evidence_focus_ >= 0) {
+    const int rank = workers_->RankOf(evidence_focus_);
     const std::vector<std::string> lines = workers_->LastLines(evidence_focus_);
-    absl::StrAppend(&text, "ctrun: the last ", lines.size(), " lines of rank ",
-                    workers_->RankOf(evidence_focus_),
-                    lines.empty() ? " (it printed nothing)" : ":", "\n");
-    for (const std::string& line : lines) {
+    if (lines.empty()) {
+      absl::StrAppend(&text, "ctrun: rank ", rank, " printed nothing\n");
+    } else {
+      absl::StrAppend(&text, "ctrun: the last lines of rank ", rank, ":\n");
+      for (const std::string& line : lines) {
+        absl::StrAppend(&text, "  | ", line, "\n");
+      }
+    }
+    // Where it is stuck, at a glance: its Python stack, cut short.
+    std::ifstream stack(
+        absl::StrCat(evidence_dir, "/rank", rank, ".python.txt"));
+    std::string line;
+    int shown = 0;
+    while (shown < kStackLinesShown && std::getline(stack, line)) {
+      if (shown++ == 0) {
+        absl::StrAppend(&text, "ctrun: the Python stack of rank ", rank, ":\n");
+      }
       absl::StrAppend(&text, "  | ", line, "\n");
     }
   }

@@ -90,6 +90,8 @@ class Agent {
 
   AgentPolicy policy_;
   std::unique_ptr<WorkerGroup> workers_;
+  // The run directory's kAgentFolder: the board, the module, the FIFO.
+  std::string agent_dir_;
   std::unique_ptr<ProgressBoard> board_;
   int timer_fd_ = -1;
   std::string timer_partial_;

@@ -252,6 +252,9 @@ void AgentPolicy::OnProbeResult(const absl::Status& status, absl::Time now,
 
 void AgentPolicy::OnProgress(const v1::Progress& p, absl::Time now,
                              AgentEffects* effects) {
+  // Heard while the workers still stop (for the round they will rejoin):
+  // shown later, it would be stale.
+  if (phase_ != Phase::kJoining) return;
   const bool changed = !progress_ || progress_->joined() != p.joined() ||
                        progress_->pending_count() != p.pending_count() ||
                        progress_->round() != p.round();
@@ -516,15 +519,17 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
                    config_.options.hang_timeout.mode == HangTimeout::Mode::kAuto
                        ? ", learned"
                        : "");
+  const std::string since = absl::FormatTime(
+      "%H:%M:%E2S", wall_now - (now - first.since), absl::LocalTimeZone());
   const std::string cause =
-      first.ever
-          ? absl::StrCat("no progress for ", seconds(now - first.since), in,
-                         " after ", first.beats, " heartbeats (", timeout, ")")
-          : absl::StrCat("no progress signal in the ",
-                         seconds(now - first.since), " since it started (",
-                         timeout,
-                         "; does it call ctrun.heartbeat() or open a "
-                         "section?)");
+      first.ever ? absl::StrCat("no progress for ", seconds(now - first.since),
+                                " (since ", since, ")", in, " after ",
+                                first.beats, " heartbeats (", timeout, ")")
+                 : absl::StrCat("no progress signal in the ",
+                                seconds(now - first.since),
+                                " since it started (", timeout,
+                                "; does it call ctrun.heartbeat() or open a "
+                                "section?)");
   Tell(absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
                     w.pid, ") is hung: ", cause,
                     "; collecting evidence from every worker of the job "

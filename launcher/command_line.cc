@@ -131,8 +131,9 @@ constexpr FlagSpec kFlags[] = {
      "stacks, then the job restarts as after a failure; auto learns it "
      "from the job's own steps"},
     {"hang_warmup", 0, Kind::kValue, "300", "SECONDS",
-     "with --hang_timeout=auto: the allowance for each worker's first steps "
-     "and for sections not timed yet"},
+     "how long a worker may take to its first progress signal (start-up), "
+     "and with --hang_timeout=auto to its first steps and in sections not "
+     "timed yet"},
     {"hang_evidence_timeout", 0, Kind::kValue, "10", "SECONDS",
      "how long each node spends collecting stacks from a hung job before "
      "stopping it"},

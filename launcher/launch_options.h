@@ -44,7 +44,8 @@ struct HangTimeout {
   enum class Mode { kOff, kFixed, kAuto };
   Mode mode = Mode::kOff;
   absl::Duration fixed = absl::ZeroDuration();  // kFixed
-  // kAuto: a worker's warm-up, and a section not timed yet (--hang_warmup).
+  // Each worker's first signal, and with kAuto its first steps and a
+  // section not timed yet, may take this long (--hang_warmup).
   absl::Duration warmup = absl::Seconds(300);
 
   // "off", "auto" or a number of seconds > 0; INVALID_ARGUMENT names the

@@ -63,6 +63,8 @@ absl::Duration ProgressMonitor::TimeoutIn(const std::string& section) const {
 absl::Duration ProgressMonitor::TimeoutFor(const Worker& w,
                                            const std::string& section) const {
   const absl::Duration t = TimeoutIn(section);
+  // Starting up (imports, loading data) is not a step.
+  if (w.last.events == 0) return std::max(t, timeout_.warmup);
   if (timeout_.mode != HangTimeout::Mode::kAuto) return t;
   auto it = w.intervals.find(section);
   const bool warming_up =

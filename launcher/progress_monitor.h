@@ -11,8 +11,7 @@
 // Timeouts (HangTimeout):
 // - kOff: nothing is ever hung.
 // - kFixed: a worker is hung when no progress signal came for longer than
-//   the timeout, counted from its start for the first one; in an untimed
-//   section no timeout runs.
+//   the timeout; in an untimed section no timeout runs.
 // - kAuto: the timeout in a section ("" outside any) is kAutoFactor times
 //   the longest silence seen in it anywhere in the job (this node's and the
 //   job's figures, whichever is larger), at least kAutoFloor. A worker's
@@ -20,6 +19,9 @@
 //   warm-up (a first step compiles, fills caches): they are not learned
 //   from, and they get the warm-up allowance if it is longer. A section with
 //   no figure yet gets the allowance too.
+// In both modes a worker's first signal is awaited from its start for the
+// timeout or the warm-up allowance, whichever is longer: starting up
+// (imports, loading data) is not a step.
 #ifndef CTRUN_LAUNCHER_PROGRESS_MONITOR_H_
 #define CTRUN_LAUNCHER_PROGRESS_MONITOR_H_
 

@@ -60,9 +60,14 @@ namespace {
 
 bool RemoveUnlessKept(const std::string& dir) {
   std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (entry.is_regular_file(ec) && entry.file_size(ec) > 0) return true;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->path().filename() == kAgentFolder) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file(ec) && it->file_size(ec) > 0) return true;
   }
   std::filesystem::remove_all(dir, ec);
   return false;

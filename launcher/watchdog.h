@@ -44,8 +44,14 @@ class Watchdog {
   int fd_ = -1;
 };
 
+// The folder of a run directory where the agent keeps what it works with
+// (the progress board, its Python module, the file-timer FIFO): nothing in
+// it is worth keeping.
+inline constexpr char kAgentFolder[] = ".ctrun";
+
 // Removes `dir` unless a file in it has something to say (an error file, a
-// log: any non-empty file); returns whether it was kept.
+// log: any non-empty file outside kAgentFolder); returns whether it was
+// kept.
 bool RemoveUnlessKept(const std::string& dir);
 
 }  // namespace ctrun

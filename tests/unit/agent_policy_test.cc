@@ -988,6 +988,7 @@ LaunchOptions HangOptions(absl::Duration timeout = absl::Seconds(2)) {
   o.hang_timeout.mode = HangTimeout::Mode::kFixed;
   o.hang_timeout.fixed = timeout;
   o.hang_evidence_timeout = absl::Seconds(10);
+  o.hang_timeout.warmup = absl::ZeroDuration();
   return o;
 }
 

@@ -135,9 +135,23 @@ TEST_CASE("A fixed hang timeout catches a worker silent past it, not before",
   CHECK(b.now() - last <= absl::Seconds(2) + ProgressMonitor::kPollEvery);
 }
 
-TEST_CASE("A fixed hang timeout runs from the start until the first signal",
+TEST_CASE("The first signal is awaited for the warm-up allowance",
           "[progress][unit]") {
-  Board b(Fixed(absl::Seconds(3)), 1);
+  HangTimeout t = Fixed(absl::Seconds(3));
+  t.warmup = absl::Seconds(60);
+  Board b(t, 1);
+  auto silent = b.Run(absl::Seconds(70));
+  REQUIRE(silent.size() == 1);
+  CHECK_FALSE(silent[0].ever);
+  CHECK(silent[0].timeout == absl::Seconds(60));
+  CHECK(b.now() - kStart > absl::Seconds(60));
+}
+
+TEST_CASE("Without a warm-up the first signal is awaited for the timeout",
+          "[progress][unit]") {
+  HangTimeout t = Fixed(absl::Seconds(3));
+  t.warmup = absl::ZeroDuration();
+  Board b(t, 1);
   auto silent = b.Run(absl::Seconds(10));
   REQUIRE(silent.size() == 1);
   CHECK_FALSE(silent[0].ever);

@@ -1,0 +1,219 @@
+// Hangs and stragglers with real workers: PyTorch (Gloo) ranks that stop
+// making progress, torchrun's own file timers, --hang_timeout=auto across a
+// restart, a straggler, and ctrun's Python module outside ctrun.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(180);
+const std::string kPython = "PYTHON_EXEC=/usr/bin/python3";
+
+std::string Script(const std::string& name) {
+  return SourceDir() + "/tests/e2e/python/" + name;
+}
+
+std::string Slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A fresh --log_dir for one test.
+std::string LogDir(const std::string& name) {
+  const char* tmp = getenv("TMPDIR");
+  const std::string dir =
+      absl::StrCat(tmp ? tmp : "/tmp", "/", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The one run directory under a --log_dir.
+std::filesystem::path RunDir(const std::string& log_dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(log_dir)) {
+    if (entry.is_directory()) return entry.path();
+  }
+  FAIL("no run directory under " << log_dir);
+  return {};
+}
+
+// The seconds in the first "no progress for X" of `text`, or -1.
+double SilentFor(const std::string& text) {
+  std::smatch m;
+  static const std::regex re("no progress for ([0-9.]+)(ms|s)");
+  if (!std::regex_search(text, m, re)) return -1;
+  const double value = std::stod(m[1]);
+  return m[2] == "ms" ? value / 1000 : value;
+}
+
+TEST_CASE(
+    "A rank of a 4-worker Gloo job that sleeps before an all-reduce is "
+    "caught, every rank's stacks are taken, and the restart completes",
+    "[hang][e2e]") {
+  const std::string logs = LogDir("hang-gloo");
+  ChildProcess p(
+      {CtrunPath(), "--standalone", "--nproc_per_node=4", "--max_restarts=1",
+       "--hang_timeout=3", "--hang_evidence_timeout=30", "--log_dir", logs,
+       Script("hang_allreduce.py")},
+      {kPython});
+  const std::string out = p.ReadAll(kWait);
+  const auto code = p.Wait(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  REQUIRE(code == 0);
+  // Caught within the timeout and one more second, naming the sleeper.
+  const size_t hung = err.find("worker rank 2 (local 2, pid ");
+  REQUIRE(hung != std::string::npos);
+  CHECK(absl::StrContains(err.substr(hung), ") is hung: no progress for "));
+  const double silent = SilentFor(err.substr(hung));
+  CHECK(silent > 3.0);
+  CHECK(silent < 4.0);
+  CHECK(absl::StrContains(err, "restarting the workers (round 1"));
+  CHECK(absl::StrContains(err, "the last "));
+  // The second attempt ran to its end on every rank.
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(absl::StrContains(out,
+                            absl::StrCat("final rank=", rank, " restart=1")));
+  }
+  // The evidence: every rank's output and Python stack; the sleeper's names
+  // the line it sleeps on, the others wait in the all-reduce.
+  const auto incident = RunDir(logs) / "hang_round_0";
+  REQUIRE(std::filesystem::is_directory(incident));
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string python =
+        Slurp(incident / absl::StrCat("rank", rank, ".python.txt"));
+    INFO("rank " << rank << ": " << python);
+    CHECK(absl::StrContains(python, "hang_allreduce.py"));
+    if (rank == 2) {
+      CHECK(absl::StrContains(python, "hang_allreduce.py\", line 25"));
+    } else {
+      CHECK(absl::StrContains(python, "all_reduce"));
+    }
+    CHECK(std::filesystem::exists(incident /
+                                  absl::StrCat("rank", rank, ".output.txt")));
+    if (std::filesystem::exists("/usr/bin/gdb")) {
+      const std::string native =
+          Slurp(incident / absl::StrCat("rank", rank, ".native.txt"));
+      CHECK(absl::StrContains(native, "#0 "));
+    }
+  }
+  std::filesystem::remove_all(logs);
+}
+
+TEST_CASE(
+    "torchrun's FileTimerClient works unchanged: an expired scope kills its "
+    "worker with the signal asked, and the summary names the scope",
+    "[hang][e2e]") {
+  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                  Script("file_timer.py")},
+                 {kPython, "TORCHELASTIC_ENABLE_FILE_TIMER=1"});
+  const std::string out = p.ReadAll(kWait);
+  const auto code = p.Wait(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  CHECK(code == 128 + SIGTERM);  // the root cause's, from a live agent
+  CHECK(
+      absl::StrContains(err, "torchrun file timer 'slow_io' of worker rank 1"));
+  CHECK(absl::StrContains(err, "expired; killing it with SIGTERM"));
+  CHECK(absl::StrContains(err, "Root Cause (first observed failure)"));
+  CHECK(absl::StrContains(err,
+                          "cause      : torchrun file timer 'slow_io' "
+                          "expired; ctrun killed it with SIGTERM"));
+  CHECK_FALSE(absl::StrContains(out, "rank 1 outlived its timer"));
+  CHECK_FALSE(absl::StrContains(err, "'quick'"));  // released in time
+}
+
+TEST_CASE(
+    "--hang_timeout=auto catches a stall after 0.2 s steps within 2 s, and "
+    "the learned figure survives the restart",
+    "[hang][e2e]") {
+  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                  "--max_restarts=1", "--hang_timeout=auto", "--hang_warmup=30",
+                  "--hang_evidence_timeout=5", Script("steps.py"), "--plain",
+                  "--steps=25", "--step=0.2", "--stall_after=15", "--stall=5"},
+                 {kPython});
+  const std::string out = p.ReadAll(kWait);
+  const auto code = p.Wait(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  REQUIRE(code == 0);
+  const double silent = SilentFor(err);
+  CHECK(silent > 0.9);
+  CHECK(silent < 2.0);
+  CHECK(absl::StrContains(err, "hang timeout"));
+  CHECK(absl::StrContains(err, ", learned)"));
+  // The restarted workers start with the job's figure.
+  const size_t restart = err.find("restarting the workers (round 1");
+  REQUIRE(restart != std::string::npos);
+  CHECK(err.find("x the longest silence this job has shown", restart) !=
+        std::string::npos);
+  CHECK(absl::StrContains(out, "rank 0 done restart=1"));
+  CHECK(absl::StrContains(out, "rank 1 done restart=1"));
+}
+
+TEST_CASE(
+    "A straggler 30% slower than the others is named, and nothing "
+    "restarts",
+    "[hang][e2e]") {
+  ChildProcess p(
+      {CtrunPath(), "--standalone", "--nproc_per_node=4", Script("steps.py"),
+       "--steps=110", "--step=0.1", "--slow_rank=3", "--slow=1.3"},
+      {kPython});
+  const std::string out = p.ReadAll(kWait);
+  const auto code = p.Wait(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  CHECK(code == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(
+      err, m,
+      std::regex("rank 3 on node [^ ]+ is ([0-9.]+)x slower than the median "
+                 "time in sections")));
+  CHECK(std::stod(m[1]) >= 1.2);
+  CHECK(std::stod(m[1]) <= 1.5);
+  CHECK_FALSE(absl::StrContains(err, "restarting the workers"));
+  CHECK_FALSE(absl::StrContains(err, "are kept in"));  // nothing to keep
+  CHECK_FALSE(std::regex_search(err, std::regex("rank [012] on node")));
+}
+
+TEST_CASE("import ctrun outside ctrun does nothing and raises nothing",
+          "[hang][e2e]") {
+  const std::string code =
+      "import ctrun\n"
+      "assert not ctrun.reported()\n"
+      "ctrun.heartbeat()\n"
+      "with ctrun.section('step'):\n"
+      "    ctrun.heartbeat()\n"
+      "with ctrun.section('save', untimed=True):\n"
+      "    pass\n"
+      "print('quiet', flush=True)\n";
+  for (const std::string& board :
+       {std::string(), std::string("CTRUN_PROGRESS_FILE=/nonexistent")}) {
+    std::vector<std::string> env = {
+        "PYTHONPATH=" + SourceDir() + "/worker_lib/python",
+        "CTRUN_PROGRESS_SLOT=0"};
+    if (!board.empty()) env.push_back(board);
+    ChildProcess p({"/usr/bin/python3", "-c", code}, env);
+    const std::string out = p.ReadAll(absl::Seconds(60));
+    INFO(board << ": " << p.Stderr());
+    CHECK(p.Wait(absl::Seconds(60)) == 0);
+    CHECK(out == "quiet\n");
+    CHECK(p.Stderr().empty());
+  }
+}
+
+}  // namespace
+}  // namespace ctrun::testing
