@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
 #include "ctrun/v1/admin.grpc.pb.h"
+#include "launcher/proc.h"
 #include "launcher/python_module.h"
 #include "launcher/watchdog.h"
 #include "rendezvous/endpoint.h"
@@ -424,6 +425,12 @@ void Agent::Apply(const AgentEffect& effect) {
   } else if (auto* signal = std::get_if<e::SignalWorkers>(&effect)) {
     workers_->Signal(signal->signal);
   } else if (std::holds_alternative<e::AbandonWorkers>(effect)) {
+    for (int lr = 0; lr < config_.workers.options.local_world_size; ++lr) {
+      if (const pid_t pid = workers_->PidOf(lr); pid > 0) {
+        err_->WriteAgentLine(absl::StrCat("ctrun: pid ", pid, " is in state ",
+                                          DescribeProcessState(pid), "\n"));
+      }
+    }
     workers_->Abandon();
   } else if (std::holds_alternative<e::CollectWorkers>(effect)) {
     workers_->Collect();

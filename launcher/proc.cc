@@ -8,6 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace ctrun {
 namespace {
@@ -79,6 +84,23 @@ std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry) {
     }
   });
   return found;
+}
+
+std::string DescribeProcessState(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line, state;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "State:")) {
+      state = std::string(absl::StripAsciiWhitespace(line.substr(6)));
+      break;
+    }
+  }
+  if (state.empty()) return "gone";
+  std::ifstream wchan_file(absl::StrCat("/proc/", pid, "/wchan"));
+  std::string wchan;
+  std::getline(wchan_file, wchan);
+  if (!wchan.empty() && wchan != "0") absl::StrAppend(&state, " in ", wchan);
+  return state;
 }
 
 }  // namespace ctrun

@@ -17,6 +17,10 @@ std::vector<pid_t> ChildrenOf(pid_t parent);
 // seen.
 std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry);
 
+// How process `pid` stands, for an operator: "D (disk sleep) in
+// WCHAN" from /proc/PID/status and /proc/PID/wchan; "gone" when it is.
+std::string DescribeProcessState(pid_t pid);
+
 }  // namespace ctrun
 
 #endif  // CTRUN_LAUNCHER_PROC_H_

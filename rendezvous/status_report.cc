@@ -63,6 +63,18 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
     for (const auto& lost : job.lost_nodes()) {
       absl::StrAppend(&out, "  lost: ", lost, "\n");
     }
+    for (const auto& l : job.longest()) {
+      absl::StrAppendFormat(
+          &out, "  longest silence%s: %.3gs (--hang_timeout=auto)\n",
+          l.section().empty() ? "" : absl::StrCat(" in '", l.section(), "'"),
+          l.longest_ms() / 1000.0);
+    }
+    for (const auto& s : job.stragglers()) {
+      absl::StrAppendFormat(
+          &out, "  straggler: rank %d on %s, %.1fx the median %s (%d steps)\n",
+          s.rank(), s.node(), s.ratio(),
+          s.sections() ? "time in sections" : "step", s.steps());
+    }
   }
   return out;
 }

@@ -446,6 +446,49 @@ TEST_CASE("ctrund status shows jobs nodes and ranks", "[ctrund][integration]") {
   CHECK(missing.Stderr().find("NOT_FOUND") != std::string::npos);
 }
 
+TEST_CASE("ctrund status shows what the job learned and its stragglers",
+          "[ctrund][integration]") {
+  Daemon daemon;
+  JoinSpec spec;
+  spec.job = "paced";
+  spec.host = "node-a";
+  spec.local_world_size = 4;
+  SessionProbe node(daemon.Connect(), MakeJoin(spec));
+  REQUIRE(node.NextAssignment(kWait));
+  // What an agent reports of its ranks: rank 3 is 40% slower, report after
+  // report, and the longest silence in 'step' was 1.25 s.
+  for (int report = 0; report < 4; ++report) {
+    v1::AgentMessage m;
+    auto* r = m.mutable_progress_report();
+    r->set_round(0);
+    auto* l = r->add_longest();
+    l->set_section("step");
+    l->set_longest_ms(1250);
+    for (int rank = 0; rank < 4; ++rank) {
+      auto* p = r->add_paces();
+      p->set_rank(rank);
+      p->set_steps(8);
+      p->set_mean_step_us(rank == 3 ? 140000 : 100000);
+    }
+    node.stream().Send(m);
+  }
+  auto named = node.Next(
+      [](const v1::ServerMessage& m) { return m.has_straggler(); }, kWait);
+  REQUIRE(named.has_value());
+  CHECK(named->straggler().rank() == 3);
+
+  ChildProcess table({CtrundPath(), "status", "--endpoint", daemon.endpoint()});
+  std::string out;
+  while (auto line = table.ReadLine(kWait)) out += *line + "\n";
+  INFO(out);
+  CHECK(table.Wait(kWait) == 0);
+  CHECK(out.find("longest silence in 'step': 1.25s (--hang_timeout=auto)") !=
+        std::string::npos);
+  CHECK(std::regex_search(
+      out, std::regex("straggler: rank 3 on node-a:[0-9]+, 1.4x the median "
+                      "step \\(2[0-9] steps\\)")));
+}
+
 TEST_CASE("ctrund stops cleanly on SIGTERM with sessions open",
           "[ctrund][integration]") {
   Daemon daemon;

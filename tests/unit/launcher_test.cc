@@ -2,16 +2,19 @@
 // failure reports, entrypoint resolution, host facts.
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "ctrun/environment.h"
 #include "launcher/command_line.h"
 #include "launcher/failure_report.h"
 #include "launcher/host_facts.h"
+#include "launcher/proc.h"
 #include "launcher/rendezvous_plan.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
