@@ -414,6 +414,15 @@ TEST_CASE("A virtual local rank is 0 and sees only its own GPU",
   CHECK(Parse({"--virtual-local-rank", "t"})->options.virtual_local_rank);
 }
 
+TEST_CASE("A process's state reads as /proc shows it, and a gone one as gone",
+          "[launcher][unit]") {
+  CHECK(absl::StartsWith(DescribeProcessState(getpid()), "R (running)"));
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  CHECK(DescribeProcessState(child) == "gone");
+}
+
 TEST_CASE(
     "Workers get their progress slot and ctrun's module after the "
     "user's PYTHONPATH",
