@@ -114,6 +114,10 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
     if (own_group) setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the agent died before prctl
+    // Under Yama's ptrace_scope=1 only an ancestor may attach: this lets
+    // the agent's gdb (its child, the worker's sibling) read a hung
+    // worker's stacks. (Fails harmlessly without Yama.)
+    prctl(PR_SET_PTRACER, parent, 0, 0, 0);
     // Until exec, job control must not stop this child: the agent waits in
     // vfork for it. A stop signal sent to the agent's group meanwhile (Ctrl-Z,
     // a worker reading the terminal in the background) is dropped while
