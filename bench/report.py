@@ -361,6 +361,54 @@ class Report:
                      f"{fmt(tcp)} | {gain} |")
         self.out("")
 
+    # --- hangs ----------------------------------------------------------------
+    def hangs(self):
+        rows = self.pick(bench="hang")
+        if rows:
+            self.out("### From a hung rank to a stopped job",
+                     "",
+                     "Seconds from the moment one rank of N stops making "
+                     "progress to every worker stopped and the launcher "
+                     "gone (`--max_restarts=0`), hang timeout 2 s. ctrun "
+                     "keeps every worker's Python and native stacks first "
+                     "(and without them, `--hang_evidence_timeout=0`); "
+                     "torchrun's nearest is its file timers (`expires()` "
+                     "around each step), which keep nothing. Without them "
+                     "torchrun waits for the collective's own timeout "
+                     "(Gloo 30 min, NCCL 10 min).",
+                     "",
+                     "| N | ctrun, with stacks | ctrun, no evidence | "
+                     "torchrun file timers |",
+                     "|---:|---:|---:|---:|")
+            for n in sorted({r["nproc"] for r in rows}):
+                cells = [ms(spread([r["seconds"] for r in self.pick(
+                    bench="hang", impl=impl, nproc=n)]), scale=1.0, digits=2)
+                    .replace(" ms", " s")
+                    for impl in ("ctrun", "ctrun-no-evidence",
+                                 "torchrun-file-timer")]
+                self.out(f"| {n} | " + " | ".join(cells) + " |")
+            self.out("")
+        beats = {r["impl"]: r for r in self.pick(bench="heartbeat")}
+        if beats:
+            self.out("### The cost of a progress signal", "",
+                     "Per call, against a real board file; the clock read "
+                     "each includes is the floor. torchrun's nearest, an "
+                     "`expires()` (FileTimerClient acquire and release on "
+                     "its FIFO), beside it.", "",
+                     "| | heartbeat | section start and end | clock floor | "
+                     "torchrun `expires()` |", "|---|---:|---:|---:|---:|")
+            if (c := beats.get("ctrun-c++")):
+                self.out(f"| C++ | {c['heartbeat_ns']:.0f} ns | "
+                         f"{c['section_ns']:.0f} ns | "
+                         f"{c['clock_floor_ns']:.0f} ns | — |")
+            if (p := beats.get("ctrun-python")):
+                timer = (f"{p['torch_file_timer_us']:.1f} µs"
+                         if "torch_file_timer_us" in p else "—")
+                self.out(f"| Python | {p['heartbeat_us']:.2f} µs | "
+                         f"{p['section_us']:.2f} µs | "
+                         f"{p['clock_floor_us']:.2f} µs | {timer} |")
+            self.out("")
+
     # --- targets ------------------------------------------------------------
     def targets(self):
         """The targets set by the issues, each with its verdict."""
@@ -412,6 +460,15 @@ class Report:
                              f"{'s' if c > 1 else ''}",
                              verdict(a[0] >= 2 * b[0],
                                      f"{a[0] / b[0]:.2f}×")))
+        beats = {r["impl"]: r for r in self.pick(bench="heartbeat")}
+        if (c := beats.get("ctrun-c++")):
+            rows.append(("`ctrun::Heartbeat()` under 2 µs",
+                         verdict(c["heartbeat_ns"] < 2000,
+                                 f"{c['heartbeat_ns']:.0f} ns")))
+        if (p := beats.get("ctrun-python")):
+            rows.append(("`ctrun.heartbeat()` under 20 µs",
+                         verdict(p["heartbeat_us"] < 20,
+                                 f"{p['heartbeat_us']:.2f} µs")))
         b64 = [r["median_ms"] for r in self.pick(
             bench="broadcast", impl="ctrun", waiters=64)]
         if b64:
@@ -483,6 +540,7 @@ def main():
     report.rendezvous()
     report.store()
     report.durability()
+    report.hangs()
     report.targets()
 
     os.makedirs(args.plots, exist_ok=True)

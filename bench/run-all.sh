@@ -108,6 +108,14 @@ step "store durability: sets with each --fsync policy, 1 and 8 clients"
   done
 } >"$out/fsync.jsonl"
 
+step "hangs: a hung rank to a stopped job, N = 4 16; a heartbeat's cost"
+{
+  "$python" bench/hang_bench.py --ctrun "$ctrun" --runs "$runs" \
+    --nprocs 4,16 | grep '^{'
+  "$bin/heartbeat_bench"
+  "$python" bench/heartbeat_bench.py
+} >"$out/hang.jsonl"
+
 step "report"
 "$python" bench/report.py "$out" --markdown BENCHMARKS.md \
   --plots docs/benchmarks $([ $quick -eq 1 ] && echo --quick)

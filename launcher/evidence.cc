@@ -57,10 +57,13 @@ pid_t SpawnGdb(const std::string& gdb, pid_t pid, const std::string& out) {
   posix_spawnattr_setflags(&attr,
                            POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
   const std::string pid_text = absl::StrCat(pid);
-  std::vector<const char*> argv = {
-      gdb.c_str(), "-batch",         "-nx", "-q",
-      "-p",        pid_text.c_str(), "-ex", "thread apply all bt",
-      nullptr};
+  // Never a download of debug symbols (DEBUGINFOD_URLS) while a job waits.
+  std::vector<const char*> argv = {gdb.c_str(), "-batch",
+                                   "-nx",       "-q",
+                                   "-iex",      "set debuginfod enabled off",
+                                   "-p",        pid_text.c_str(),
+                                   "-ex",       "thread apply all bt",
+                                   nullptr};
   pid_t child = -1;
   const int rc = posix_spawn(&child, gdb.c_str(), &actions, &attr,
                              const_cast<char* const*>(argv.data()), environ);
