@@ -581,12 +581,16 @@ void AgentPolicy::OnEvidenceCollected(absl::Time now, AgentEffects* effects) {
 
 void AgentPolicy::EndEvidence(absl::Time now, AgentEffects* effects) {
   if (phase_ != Phase::kCollecting) return;
-  evidence_deadline_ = absl::InfiniteFuture();
-  effects->push_back(agent_effect::EndEvidence{});
+  LeaveCollecting(effects);
   // Evidence is collected only on the way to stopping (a hang here, or a
   // restart or failure for one elsewhere): stop now.
-  phase_ = Phase::kRunning;
   StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::LeaveCollecting(AgentEffects* effects) {
+  evidence_deadline_ = absl::InfiniteFuture();
+  effects->push_back(agent_effect::EndEvidence{});
+  phase_ = Phase::kRunning;
 }
 
 void AgentPolicy::OnTimerRequest(absl::string_view line, absl::Time now,
@@ -643,12 +647,8 @@ void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
     Suspend(delivered, now, effects);
     return;
   }
-  if (phase_ == Phase::kCollecting) {
-    // A signal does not wait for the evidence.
-    evidence_deadline_ = absl::InfiniteFuture();
-    effects->push_back(agent_effect::EndEvidence{});
-    phase_ = Phase::kRunning;
-  }
+  // A signal does not wait for the evidence.
+  if (phase_ == Phase::kCollecting) LeaveCollecting(effects);
   if (ending_ == Ending::kSignal) {
     Tell(absl::StrCat(SignalName(signal), " again: killing the workers now"),
          effects);
@@ -800,8 +800,9 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
     effects->push_back(agent_effect::ReadProgress{});
   }
   if (now >= monitor_.NextReport()) {
-    auto report = monitor_.TakeReport(round(), now);
-    if (report && link_ == Link::kOpen) {
+    if (link_ != Link::kOpen) {
+      monitor_.DelayReport(now);  // kept for when the rendezvous is back
+    } else if (auto report = monitor_.TakeReport(round(), now)) {
       v1::AgentMessage m;
       *m.mutable_progress_report() = *std::move(report);
       effects->push_back(Send{std::move(m)});

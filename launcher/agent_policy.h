@@ -313,6 +313,8 @@ class AgentPolicy {
   void StartEvidence(int focus, absl::Time now, AgentEffects* effects);
   // Evidence is in (or its time is up): the workers stop as decided.
   void EndEvidence(absl::Time now, AgentEffects* effects);
+  // Ends the collecting phase without deciding what follows.
+  void LeaveCollecting(AgentEffects* effects);
   // Stops the job with the agent, and continues it with the agent.
   // `workers_told`: the workers had the stop signal already.
   void Suspend(bool workers_told, absl::Time now, AgentEffects* effects);

@@ -98,6 +98,9 @@ class ProgressMonitor {
   // The board is read at `now` (ReadProgress): the next read is due
   // kPollEvery later, whether or not this one is answered.
   void Polled(absl::Time now) { next_poll_ = now + kPollEvery; }
+  // A report is due but cannot be sent: what it would say is kept for the
+  // next one.
+  void DelayReport(absl::Time now) { next_report_ = now + kReportEvery; }
   // When the board is next due to be read, and the next report; both
   // InfiniteFuture when nothing is watched.
   absl::Time NextPoll() const;

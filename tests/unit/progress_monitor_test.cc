@@ -302,6 +302,17 @@ TEST_CASE("Reports carry grown figures once and each rank's pace",
   CHECK(report->longest(0).longest_ms() >= 700);
 }
 
+TEST_CASE("A delayed report keeps what it would have said",
+          "[progress][unit]") {
+  Board b(Auto(), 1);
+  b.Steps(3, absl::Milliseconds(100));
+  b.monitor().DelayReport(b.now());
+  CHECK(b.monitor().NextReport() == b.now() + ProgressMonitor::kReportEvery);
+  auto report = b.monitor().TakeReport(0, b.now());
+  REQUIRE(report.has_value());
+  CHECK(report->longest_size() == 1);
+}
+
 TEST_CASE("A rank that uses sections is paced by its time in them",
           "[progress][unit]") {
   Board b(HangTimeout{}, 1);
