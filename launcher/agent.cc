@@ -169,7 +169,12 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   paths.python_dir = agent_dir_ + "/python";
   std::error_code ec;
   std::filesystem::create_directories(paths.python_dir + "/ctrun", ec);
-  std::ofstream(paths.python_dir + "/ctrun/__init__.py") << kPythonModule;
+  const std::string module = paths.python_dir + "/ctrun/__init__.py";
+  if (!(std::ofstream(module) << kPythonModule)) {
+    // A worker's `import ctrun` would fail on it: say so now.
+    return absl::InternalError(
+        absl::StrCat("cannot write ctrun's Python module to ", module));
+  }
   auto board = ProgressBoard::Create(agent_dir_ + "/progress.board",
                                      group.options.local_world_size);
   if (!board.ok()) return board.status();

@@ -29,6 +29,45 @@ Slot* SlotAt(void* map, int i) {
 
 }  // namespace
 
+std::string SanitizeUtf8(absl::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    // The length of the sequence `c` leads, and the range of its second
+    // byte (which rules out overlong forms, surrogates and > U+10FFFF).
+    size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+      n = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    bool ok = n > 0 && i + n <= bytes.size();
+    for (size_t k = 1; ok && k < n; ++k) {
+      const auto b = static_cast<unsigned char>(bytes[i + k]);
+      ok = k == 1 ? b >= lo && b <= hi : b >= 0x80 && b <= 0xBF;
+    }
+    if (ok) {
+      out.append(bytes.data() + i, n);
+      i += n;
+    } else {
+      out.push_back('?');
+      ++i;
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ProgressBoard>> ProgressBoard::Create(
     const std::string& path, int slots) {
   const size_t size =
@@ -78,7 +117,7 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
       char name[progress::kSectionNameSize];
       std::memcpy(name, slot->section, sizeof name);
       name[sizeof name - 1] = '\0';
-      s.section = name;
+      s.section = SanitizeUtf8(name);
       s.untimed = slot->flags.load() & progress::kUntimed;
       if (slot->seq.load(std::memory_order_acquire) == seq) break;
     }

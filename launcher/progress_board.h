@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "launcher/progress_monitor.h"
 
 namespace ctrun {
@@ -21,6 +22,12 @@ struct StackDump {
   bool on_signal = false;
   int signal = 0;
 };
+
+// `bytes` as valid UTF-8: each byte that does not belong to a well-formed
+// sequence becomes '?'. Section names travel in protobuf strings, which
+// must be UTF-8, and a worker's name may be cut in the middle of a
+// character (or be anything at all).
+std::string SanitizeUtf8(absl::string_view bytes);
 
 class ProgressBoard {
  public:

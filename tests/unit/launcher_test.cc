@@ -15,6 +15,7 @@
 #include "launcher/failure_report.h"
 #include "launcher/host_facts.h"
 #include "launcher/proc.h"
+#include "launcher/progress_board.h"
 #include "launcher/rendezvous_plan.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
@@ -440,6 +441,20 @@ TEST_CASE(
   EnvMap bare;
   AddProgressEnvironment(o, paths, 0, "", &bare);
   CHECK(bare["PYTHONPATH"] == "/run/python");
+}
+
+TEST_CASE("Section names become valid UTF-8 whatever the worker wrote",
+          "[launcher][unit]") {
+  CHECK(SanitizeUtf8("step") == "step");
+  CHECK(SanitizeUtf8("\xc3\xa9tape \xe2\x9c\x93") ==
+        "\xc3\xa9tape \xe2\x9c\x93");
+  // Cut in the middle of a character, stray bytes, an overlong form, a
+  // surrogate.
+  CHECK(SanitizeUtf8("ab\xe2\x9c") == "ab??");
+  CHECK(SanitizeUtf8("\xff\x80x") == "??x");
+  CHECK(SanitizeUtf8("\xc0\xafx") == "??x");
+  CHECK(SanitizeUtf8("\xed\xa0\x80") == "???");
+  CHECK(SanitizeUtf8("\xf0\x9f\x98\x80") == "\xf0\x9f\x98\x80");
 }
 
 TEST_CASE(
