@@ -15,6 +15,7 @@
 #include <regex>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/slurm.h"
 #include "tests/support/child_process.h"
@@ -462,6 +463,58 @@ TEST_CASE("Under Slurm a node without munge stops at once and says so",
   CHECK(node.Stderr().find("authenticates with munge") != std::string::npos);
   CHECK(node.Stderr().find("/nonexistent/munge.socket") != std::string::npos);
   CHECK(node.Stderr().find("CTRUN_RDZV_TOKEN") != std::string::npos);
+}
+
+TEST_CASE(
+    "A hang on one node has every node keep its evidence, then both "
+    "restart",
+    "[multinode][integration]") {
+  Daemon daemon;
+  const char* tmp = getenv("TMPDIR");
+  const std::string logs =
+      absl::StrCat(tmp ? tmp : "/tmp", "/hang-two-nodes-", getpid());
+  std::filesystem::remove_all(logs);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n : {2, 3}) {
+    nodes.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=2",
+        "--nproc_per_node=2", "--rdzv_backend=c10d",
+        "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=hang-pair",
+        "--max_restarts=1", "--hang_timeout=2", "--hang_evidence_timeout=20",
+        "--log_dir", absl::StrCat(logs, "/node", n), WorkerProbePath(), "steps",
+        "150", "3"}));
+  }
+  std::string out, err;
+  for (auto& node : nodes) out += node->ReadAll(kWait);
+  for (auto& node : nodes) {
+    CHECK(node->Wait(kWait) == 0);
+    err += node->Stderr();
+  }
+  INFO(out << err);
+  CHECK(absl::StrContains(err, "worker rank 3 (local 1, pid "));
+  CHECK(absl::StrContains(err, ") is hung: no progress for 2."));
+  CHECK(absl::StrContains(err, "in section 'step'"));
+  // Both nodes kept the evidence of their own workers.
+  int kept = 0;
+  for (int n : {2, 3}) {
+    for (const auto& run :
+         std::filesystem::directory_iterator(absl::StrCat(logs, "/node", n))) {
+      const auto incident = run.path() / "hang_round_0";
+      if (!std::filesystem::is_directory(incident)) continue;
+      int outputs = 0;
+      for (const auto& f : std::filesystem::directory_iterator(incident)) {
+        outputs += absl::EndsWith(f.path().string(), ".output.txt");
+      }
+      CHECK(outputs == 2);
+      ++kept;
+    }
+  }
+  CHECK(kept == 2);
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(absl::StrContains(
+        out, absl::StrCat("ok steps rank=", rank, " restart=1")));
+  }
+  std::filesystem::remove_all(logs);
 }
 
 }  // namespace

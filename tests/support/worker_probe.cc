@@ -8,6 +8,9 @@
 //   worker_probe nccl-id [BYTES] shares a unique id of BYTES (128) bytes;
 //                                rank 0 publishes BYTES, the others expect 128
 //   worker_probe gloo            all-reduces rank+1 with Gloo
+//   worker_probe steps N R       N steps of 50 ms, each a heartbeat and a
+//                                "step" section; rank R stops in its 11th
+//                                in the first attempt (a hang)
 //   worker_probe nccl            all-reduces rank+1 with NCCL on the GPU
 //                                LOCAL_RANK (builds with NCCL only)
 #include <gloo/allreduce.h>
@@ -20,8 +23,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "ctrun/gloo.h"
 #include "ctrun/nccl.h"
+#include "ctrun/progress.h"
 #include "ctrun/store.h"
 #include "ctrun/worker.h"
 
@@ -112,6 +117,22 @@ int Nccl(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
 }
 #endif
 
+int Steps(const ctrun::WorkerIdentity& id, int steps, int hang_rank) {
+  EXPECT(ctrun::ProgressReported());
+  for (int step = 0; step < steps; ++step) {
+    ctrun::Heartbeat();
+    ctrun::Section s("step");
+    if (id.rank == hang_rank && id.restart_count == 0 && step == 10) {
+      std::printf("rank %d hangs\n", id.rank);
+      std::fflush(stdout);
+      absl::SleepFor(absl::Hours(1));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::printf("ok steps rank=%d restart=%d\n", id.rank, id.restart_count);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,6 +150,9 @@ int main(int argc, char** argv) {
         static_cast<long long>(id->store_round), id->store_job.c_str(),
         id->node_address.c_str());
     return 0;
+  }
+  if (mode == "steps" && argc == 4) {
+    return Steps(*id, std::atoi(argv[2]), std::atoi(argv[3]));
   }
   auto store = ctrun::WorkerStore::Connect(*id);
   if (!store.ok()) return Fail(store.status().ToString());
