@@ -8,7 +8,12 @@ namespace ctrun {
 std::optional<v1::Straggler> StragglerWatch::Observe(const v1::RankPace& pace,
                                                      const std::string& node,
                                                      absl::Time now) {
-  if (pace.steps() <= 0 || pace.mean_step_us() <= 0) return std::nullopt;
+  // A pace is a mean over a few seconds: more steps than this, or a step
+  // longer than a day, is not one.
+  if (pace.steps() <= 0 || pace.steps() > kMaxSteps ||
+      pace.mean_step_us() <= 0 || pace.mean_step_us() > kMaxStepUs) {
+    return std::nullopt;
+  }
   Rank& r = ranks_[pace.rank()];
   r.node = node;
   r.mean_step_us = pace.mean_step_us();

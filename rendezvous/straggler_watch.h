@@ -26,6 +26,9 @@ class StragglerWatch {
   static constexpr int kStrikes = 3;
   static constexpr int64_t kMinSteps = 10;
   static constexpr absl::Duration kFresh = absl::Seconds(10);
+  // Bounds of a believable pace (others are ignored).
+  static constexpr int64_t kMaxSteps = int64_t{1} << 30;
+  static constexpr int64_t kMaxStepUs = int64_t{86'400} * 1'000'000;
   // Named stragglers kept for status.
   static constexpr size_t kMaxNamed = 32;
 

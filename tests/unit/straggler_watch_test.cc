@@ -88,6 +88,17 @@ TEST_CASE("A lone rank, or stale paces, have nothing to compare with",
   }
 }
 
+TEST_CASE("Unbelievable paces are ignored", "[straggler][unit]") {
+  StragglerWatch w;
+  for (int i = 0; i < 10; ++i) {
+    const absl::Time at = kT0 + absl::Seconds(2 * i);
+    w.Observe(Pace(0, 100000), "a:1", at);
+    CHECK_FALSE(w.Observe(Pace(1, 900000, INT64_MAX), "a:1", at).has_value());
+    CHECK_FALSE(w.Observe(Pace(1, INT64_MAX), "a:1", at).has_value());
+    CHECK_FALSE(w.Observe(Pace(1, -5), "a:1", at).has_value());
+  }
+}
+
 TEST_CASE("A new round may name the straggler again", "[straggler][unit]") {
   StragglerWatch w;
   int named = 0;
