@@ -132,9 +132,12 @@ bool EvidenceCollector::Step(absl::Time now) {
       Python& p = python_[i];
       if (p.done) continue;
       const off_t size = SizeOf(targets_[i].stacks_file);
-      if (size > p.from && size == p.seen) {
+      // Unchanged over two steps: a worker slowed by a busy machine may
+      // pause between the lines of its dump.
+      if (size > p.from && size == p.seen && ++p.still >= 2) {
         p.done = true;
       } else {
+        if (size != p.seen) p.still = 0;
         p.seen = size;
         all = false;
       }

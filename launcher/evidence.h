@@ -71,6 +71,7 @@ class EvidenceCollector {
   struct Python {
     off_t from = 0;  // the stacks file's size before the signal
     off_t seen = -1;
+    int still = 0;  // steps it has not grown
     bool done = false;
   };
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -184,10 +185,12 @@ TEST_CASE("Workers see the same variables under ctrun and torchrun",
   const std::set<std::string> by_nature = {"MASTER_PORT", "TORCHELASTIC_RUN_ID",
                                            "TORCHELASTIC_ERROR_FILE",
                                            "MASTER_ADDR"};
-  // ctrun's additions: its store for worker_lib, and the error-handling
-  // switch under the name torch >= 2.2 reads.
+  // ctrun's additions: its store and progress board for worker_lib, the
+  // error-handling switch under the name torch >= 2.2 reads, and its Python
+  // module on PYTHONPATH.
   auto ours = [](const std::string& k) {
-    return k.rfind("CTRUN_", 0) == 0 || k == "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+    return k.rfind("CTRUN_", 0) == 0 ||
+           k == "TORCH_NCCL_ASYNC_ERROR_HANDLING" || k == "PYTHONPATH";
   };
   for (const auto& rank : {"0", "1"}) {
     INFO("RANK " << rank);
@@ -203,6 +206,7 @@ TEST_CASE("Workers see the same variables under ctrun and torchrun",
       INFO(k);
       if (k != "_" && !ours(k)) CHECK(t.contains(k));
     }
+    CHECK(absl::EndsWith(c.at("PYTHONPATH"), "/.ctrun/python"));
     CHECK(c.at("MASTER_ADDR") == "127.0.0.1");
     CHECK(t.at("MASTER_ADDR") == "localhost");
   }

@@ -339,7 +339,7 @@ TEST_CASE("A rank that uses sections is paced by its time in them",
   CHECK(report->paces(0).mean_step_us() == 300000);
 }
 
-TEST_CASE("--hang_timeout values", "[progress][unit]") {
+TEST_CASE("Values of --hang_timeout", "[progress][unit]") {
   CHECK(HangTimeout::Parse("off")->mode == HangTimeout::Mode::kOff);
   CHECK(HangTimeout::Parse("auto")->mode == HangTimeout::Mode::kAuto);
   auto fixed = HangTimeout::Parse("2.5");
