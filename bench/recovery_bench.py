@@ -24,6 +24,7 @@ does not happen within --give_up seconds is reported as such.
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -245,4 +246,11 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # Agents killed with their process group (watchdog included) cannot
+    # remove their run directories: keep them in a folder of our own.
+    scratch = tempfile.mkdtemp(prefix="recovery-bench-")
+    os.environ["TMPDIR"] = scratch
+    try:
+        main()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
