@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -50,6 +51,21 @@ std::filesystem::path RunDir(const std::string& log_dir) {
   return {};
 }
 
+// What a finished ctrun said; `code` is empty when it did not end in time.
+struct Finished {
+  std::string out, err;
+  std::optional<int> code;
+};
+Finished RunToEnd(std::vector<std::string> argv,
+                  std::vector<std::string> env = {kPython}) {
+  ChildProcess p(std::move(argv), std::move(env));
+  Finished f;
+  f.out = p.ReadAll(kWait);
+  f.code = p.Wait(kWait);
+  f.err = p.Stderr();
+  return f;
+}
+
 // The seconds in the first "no progress for X" of `text`, or -1.
 double SilentFor(const std::string& text) {
   std::smatch m;
@@ -64,14 +80,10 @@ TEST_CASE(
     "caught, every rank's stacks are taken, and the restart completes",
     "[hang][e2e]") {
   const std::string logs = LogDir("hang-gloo");
-  ChildProcess p(
+  const auto [out, err, code] = RunToEnd(
       {CtrunPath(), "--standalone", "--nproc_per_node=4", "--max_restarts=1",
        "--hang_timeout=3", "--hang_evidence_timeout=30", "--log_dir", logs,
-       Script("hang_allreduce.py")},
-      {kPython});
-  const std::string out = p.ReadAll(kWait);
-  const auto code = p.Wait(kWait);
-  const std::string err = p.Stderr();
+       Script("hang_allreduce.py")});
   INFO(out << err);
   REQUIRE(code == 0);
   // Caught within the timeout and one more second, naming the sleeper.
@@ -117,12 +129,10 @@ TEST_CASE(
     "torchrun's FileTimerClient works unchanged: an expired scope kills its "
     "worker with the signal asked, and the summary names the scope",
     "[hang][e2e]") {
-  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=2",
-                  Script("file_timer.py")},
-                 {kPython, "TORCHELASTIC_ENABLE_FILE_TIMER=1"});
-  const std::string out = p.ReadAll(kWait);
-  const auto code = p.Wait(kWait);
-  const std::string err = p.Stderr();
+  const auto [out, err, code] =
+      RunToEnd({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                Script("file_timer.py")},
+               {kPython, "TORCHELASTIC_ENABLE_FILE_TIMER=1"});
   INFO(out << err);
   CHECK(code == 128 + SIGTERM);  // the root cause's, from a live agent
   CHECK(
@@ -140,14 +150,11 @@ TEST_CASE(
     "A learned hang timeout catches a stall after 0.2 s steps within 2 s, "
     "and survives the restart",
     "[hang][e2e]") {
-  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=2",
-                  "--max_restarts=1", "--hang_timeout=auto", "--hang_warmup=30",
-                  "--hang_evidence_timeout=5", Script("steps.py"), "--plain",
-                  "--steps=25", "--step=0.2", "--stall_after=15", "--stall=5"},
-                 {kPython});
-  const std::string out = p.ReadAll(kWait);
-  const auto code = p.Wait(kWait);
-  const std::string err = p.Stderr();
+  const auto [out, err, code] =
+      RunToEnd({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                "--max_restarts=1", "--hang_timeout=auto", "--hang_warmup=30",
+                "--hang_evidence_timeout=5", Script("steps.py"), "--plain",
+                "--steps=25", "--step=0.2", "--stall_after=15", "--stall=5"});
   INFO(out << err);
   REQUIRE(code == 0);
   const double silent = SilentFor(err);
@@ -168,13 +175,9 @@ TEST_CASE(
     "A straggler 30% slower than the others is named, and nothing "
     "restarts",
     "[hang][e2e]") {
-  ChildProcess p(
+  const auto [out, err, code] = RunToEnd(
       {CtrunPath(), "--standalone", "--nproc_per_node=4", Script("steps.py"),
-       "--steps=110", "--step=0.1", "--slow_rank=3", "--slow=1.3"},
-      {kPython});
-  const std::string out = p.ReadAll(kWait);
-  const auto code = p.Wait(kWait);
-  const std::string err = p.Stderr();
+       "--steps=110", "--step=0.1", "--slow_rank=3", "--slow=1.3"});
   INFO(out << err);
   CHECK(code == 0);
   std::smatch m;
