@@ -121,6 +121,7 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
       s.untimed = slot->flags.load() & progress::kUntimed;
       if (slot->seq.load(std::memory_order_acquire) == seq) break;
     }
+    s.done = slot->flags.load() & progress::kDone;
     s.beats = slot->beats.load(std::memory_order_acquire);
     s.beat_time = FromMonotonicNs(slot->beat_ns.load());
     s.busy = absl::Nanoseconds(slot->busy_ns.load());

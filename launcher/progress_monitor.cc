@@ -104,7 +104,9 @@ std::vector<SilentWorker> ProgressMonitor::Observe(
             std::max(absl::ZeroDuration(), s.event_time - from));
       w.last = s;
     }
-    if (timeout_.mode == HangTimeout::Mode::kOff || s.untimed) continue;
+    if (timeout_.mode == HangTimeout::Mode::kOff || s.untimed || s.done) {
+      continue;
+    }
     const bool ever = s.events > 0;
     const absl::Time since = ever ? s.event_time : started_;
     const absl::Duration timeout = TimeoutFor(w, s.section);

@@ -19,6 +19,7 @@
 //   warm-up (a first step compiles, fills caches): they are not learned
 //   from, and they get the warm-up allowance if it is longer. A section with
 //   no figure yet gets the allowance too.
+// A worker that said it is done (ctrun.done(), or exiting) is not timed.
 // In both modes a worker's first signal is awaited from its start for the
 // timeout or the warm-up allowance, whichever is longer: starting up
 // (imports, loading data) is not a step.
@@ -48,6 +49,7 @@ struct ProgressSample {
   uint64_t sections_done = 0;
   std::string section;  // innermost open one; "" none
   bool untimed = false;
+  bool done = false;  // it sends no more signals: not timed
 };
 
 // A worker past its timeout.

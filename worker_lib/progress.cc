@@ -60,6 +60,8 @@ Slot* MapSlot() {
     return nullptr;
   }
   pthread_atfork(nullptr, nullptr, ForgetSlotInChild);
+  // Exiting (static destructors, atexit handlers) is not a step.
+  std::atexit(Done);
   return reinterpret_cast<Slot*>(
       static_cast<char*>(map) + progress::kHeaderSize +
       static_cast<size_t>(index) * progress::kSlotSize);
@@ -116,6 +118,12 @@ void Heartbeat() {
 }
 
 bool ProgressReported() { return TheSlot() != nullptr; }
+
+void Done() {
+  if (Slot* slot = TheSlot()) {
+    slot->flags.fetch_or(progress::kDone, std::memory_order_release);
+  }
+}
 
 Section::Section(const char* name, SectionTiming timing) {
   Slot* slot = TheSlot();

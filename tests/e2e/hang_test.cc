@@ -91,7 +91,7 @@ TEST_CASE(
   REQUIRE(hung != std::string::npos);
   CHECK(absl::StrContains(err.substr(hung), ") is hung: no progress for "));
   const double silent = SilentFor(err.substr(hung));
-  CHECK(silent > 3.0);
+  CHECK(silent >= 3.0);  // shown cut to 10 ms
   CHECK(silent < 4.0);
   CHECK(absl::StrContains(err, "restarting the workers (round 1"));
   CHECK(absl::StrContains(err, "ctrun: the Python stack of rank 2:"));
@@ -202,6 +202,7 @@ TEST_CASE("import ctrun outside ctrun does nothing and raises nothing",
       "    ctrun.heartbeat()\n"
       "with ctrun.section('save', untimed=True):\n"
       "    pass\n"
+      "ctrun.done()\n"
       "print('quiet', flush=True)\n";
   for (const std::string& board :
        {std::string(), std::string("CTRUN_PROGRESS_FILE=/nonexistent")}) {

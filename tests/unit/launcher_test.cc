@@ -472,8 +472,7 @@ TEST_CASE(
   CHECK(e["TORCHELASTIC_TIMER_FILE"] == "/run/timer.fifo");
 }
 
-TEST_CASE("The hang flags are parsed and checked",
-          "[launcher][unit]") {
+TEST_CASE("The hang flags are parsed and checked", "[launcher][unit]") {
   auto p = Parse({"--hang_timeout=auto", "--hang_warmup=60",
                   "--hang-evidence-timeout=3", "t"});
   REQUIRE(p.ok());

@@ -99,6 +99,9 @@ TEST_CASE("Heartbeats and sections land in the worker's own slot",
   CHECK(slot.busy_ns > 0);
   CHECK(slot.seq % 2 == 0);
   CHECK(board.slot(0).events == 0);  // another worker's
+  CHECK((slot.flags & progress::kDone) == 0);
+  Done();
+  CHECK(slot.flags & progress::kDone);
   // A forked child (a data loader) is not the worker.
   const pid_t child = fork();
   if (child == 0) {

@@ -43,6 +43,7 @@ class Board {
     stack_[w].push_back({section, untimed, now_});
     Publish(w);
   }
+  void Done(int w) { samples_[static_cast<size_t>(w)].done = true; }
   void Leave(int w) {
     auto& stack = stack_[w];
     ProgressSample& s = samples_[static_cast<size_t>(w)];
@@ -167,6 +168,13 @@ TEST_CASE("No timeout runs inside an untimed section", "[progress][unit]") {
   b.Leave(0);
   CHECK(b.Run(absl::Milliseconds(900)).empty());
   CHECK(b.Run(absl::Seconds(1)).size() == 1);
+}
+
+TEST_CASE("A worker that is done is not timed", "[progress][unit]") {
+  Board b(Fixed(absl::Seconds(1)), 1);
+  b.Beat(0);
+  b.Done(0);
+  CHECK(b.Run(absl::Minutes(10)).empty());
 }
 
 TEST_CASE("Off never declares a hang", "[progress][unit]") {

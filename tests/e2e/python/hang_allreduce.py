@@ -26,5 +26,6 @@ for step in range(args.steps):
     ctrun.heartbeat()
     dist.all_reduce(value)
     time.sleep(0.05)
+ctrun.done()  # what follows is not a step
 print(f"final rank={rank} restart={restart} value={value.item()}", flush=True)
 dist.destroy_process_group()

@@ -31,4 +31,5 @@ for step in range(args.steps):
         continue
     with ctrun.section("compute"):
         time.sleep(step_time)
+ctrun.done()
 print(f"rank {rank} done restart={restart}", flush=True)

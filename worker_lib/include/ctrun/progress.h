@@ -10,6 +10,7 @@
 //     AllReduce(...);
 //   }
 //   { ctrun::Section save("checkpoint", ctrun::kUntimed); Save(); }
+//   ctrun::Done();  // what follows is not timed
 //
 // Each call is a few plain stores into memory shared with the agent
 // (ctrun/progress_board.h): no system call, no lock, nothing that can block,
@@ -47,6 +48,11 @@ class Section {
   Section(const Section&) = delete;
   Section& operator=(const Section&) = delete;
 };
+
+// This worker sends no more progress signals: what follows (a final
+// checkpoint, tearing down, exiting) is not timed. Called by itself at
+// exit(); call it once the training loop is over. Final for the process.
+void Done();
 
 // Whether this process reports to a ctrun agent.
 bool ProgressReported();

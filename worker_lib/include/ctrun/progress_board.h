@@ -22,7 +22,7 @@
 //         32   i64 event_ns       CLOCK_MONOTONIC of the last event
 //         40   i64 busy_ns        time spent in completed outermost sections
 //         48   u64 sections_done  outermost sections completed
-//         56   u32 flags          kUntimed, kStacksOnSignal
+//         56   u32 flags          kUntimed, kStacksOnSignal, kDone
 //         60   u32 stack_signal   the signal that dumps Python stacks
 //         64   char section[64]   innermost open section, NUL-terminated
 #ifndef CTRUN_PROGRESS_BOARD_H_
@@ -46,6 +46,9 @@ inline constexpr uint32_t kUntimed = 1u << 0;
 // The worker dumps its Python stacks (faulthandler) on `stack_signal`,
 // appending them to its CTRUN_STACKS_FILE.
 inline constexpr uint32_t kStacksOnSignal = 1u << 1;
+// The worker sends no more progress signals (its loop ended; it is exiting):
+// no hang timeout runs for it any more.
+inline constexpr uint32_t kDone = 1u << 2;
 
 struct Header {
   char magic[8];

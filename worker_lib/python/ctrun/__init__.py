@@ -11,8 +11,10 @@ installed:
             loss = model(batch).sum()
             loss.backward()
         optimizer.step()
-    with ctrun.section("checkpoint", untimed=True):
-        save(model)
+        if step % 1000 == 0:
+            with ctrun.section("checkpoint", untimed=True):
+                save(model)
+    ctrun.done()  # the loop is over: what follows is not timed
 
 Each call writes a few numbers into memory shared with the agent (the
 layout is ctrun/progress_board.h in libctrun_worker): no system call, no
@@ -24,6 +26,7 @@ real-time signal, so that the agent can take every thread's Python stack
 from a hung worker before it is stopped.
 """
 
+import atexit
 import faulthandler
 import mmap
 import os
@@ -31,7 +34,7 @@ import signal
 import struct
 import time
 
-__all__ = ["heartbeat", "section", "reported"]
+__all__ = ["heartbeat", "section", "done", "reported"]
 
 _MAGIC = b"CTRUNPB1"
 _HEADER = 64
@@ -39,6 +42,7 @@ _SLOT = 128
 _NAME = 64
 _UNTIMED = 1
 _STACKS_ON_SIGNAL = 2
+_DONE = 4
 
 # Word offsets in a slot (8-byte words).
 _SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _DONE = range(7)
@@ -57,6 +61,16 @@ _now = time.monotonic_ns  # CLOCK_MONOTONIC, as the agent reads it
 def reported():
     """Whether this process reports to a ctrun agent."""
     return _words is not None
+
+
+def done():
+    """No more progress signals from this worker: what follows (a final
+    checkpoint, tearing down, exiting) is not timed. Called by itself at
+    exit; call it once the training loop is over."""
+    if _map is None:
+        return
+    flags, sig = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
+    struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _DONE, sig)
 
 
 def heartbeat():
@@ -137,6 +151,10 @@ def _register_stacks():
         return
     sig = int(signal.SIGRTMIN) + 6
     _stacks_file = open(path, "a")
+    # Ignored before faulthandler takes it: faulthandler gives the signal
+    # back to its previous handler as the interpreter exits, and a request
+    # for stacks that comes then must not kill the worker.
+    signal.signal(sig, signal.SIG_IGN)
     faulthandler.register(sig, file=_stacks_file, all_threads=True, chain=False)
     flags, _ = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
     struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _STACKS_ON_SIGNAL, sig)
@@ -167,6 +185,7 @@ def _attach():
     _words = memoryview(m).cast("q")
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget)
+    atexit.register(done)  # exiting is not a step
     _register_stacks()
 
 
