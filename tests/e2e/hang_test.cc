@@ -12,6 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "ctrun/progress_board.h"
+#include "launcher/progress_board.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 
@@ -190,6 +192,61 @@ TEST_CASE(
   CHECK_FALSE(absl::StrContains(err, "restarting the workers"));
   CHECK_FALSE(absl::StrContains(err, "are kept in"));  // nothing to keep
   CHECK_FALSE(std::regex_search(err, std::regex("rank [012] on node")));
+}
+
+TEST_CASE("What the Python module writes is what the agent's board reads",
+          "[hang][e2e]") {
+  const std::string dir = LogDir("python-board");
+  auto board = ProgressBoard::Create(dir + "/board", 2);
+  REQUIRE(board.ok());
+  const std::string code =
+      "import ctrun\n"
+      "assert ctrun.reported()\n"
+      "ctrun.heartbeat()\n"
+      "ctrun.heartbeat()\n"
+      "with ctrun.section('compute'):\n"
+      "    with ctrun.section('inner'):\n"
+      "        pass\n"
+      "with ctrun.section('save', untimed=True):\n"
+      "    pass\n";
+  const std::string python_path =
+      "PYTHONPATH=" + SourceDir() + "/worker_lib/python";
+  // Slot 1 registers its stacks; slot 0 has no stacks file.
+  for (int slot : {0, 1}) {
+    std::vector<std::string> env = {python_path,
+                                    "CTRUN_PROGRESS_FILE=" + (*board)->path(),
+                                    absl::StrCat("CTRUN_PROGRESS_SLOT=", slot)};
+    if (slot == 1) env.push_back("CTRUN_STACKS_FILE=" + dir + "/stacks.txt");
+    ChildProcess p({"/usr/bin/python3", "-c", code}, env);
+    INFO(p.Stderr());
+    REQUIRE(p.Wait(absl::Seconds(60)) == 0);
+  }
+  const std::vector<ProgressSample> samples = (*board)->Read();
+  for (const ProgressSample& s : samples) {
+    CHECK(s.beats == 2);
+    CHECK(s.events == 2 + 4 + 2);
+    CHECK(s.sections_done == 2);  // outermost ones
+    CHECK(s.busy > absl::ZeroDuration());
+    CHECK(s.section.empty());
+    CHECK_FALSE(s.untimed);
+    CHECK(s.done);  // at exit
+    CHECK(s.event_time > s.beat_time);
+  }
+  CHECK_FALSE((*board)->StacksOf(0).on_signal);
+  // The flags word itself: done, and nothing else, where no stacks were
+  // registered.
+  {
+    std::ifstream raw((*board)->path(), std::ios::binary);
+    raw.seekg(progress::kHeaderSize + offsetof(progress::Slot, flags));
+    uint32_t flags = 0;
+    raw.read(reinterpret_cast<char*>(&flags), sizeof flags);
+    CHECK(flags == progress::kDone);
+  }
+  const StackDump dump = (*board)->StacksOf(1);
+  CHECK(dump.on_signal);
+  CHECK(dump.signal >= SIGRTMIN);
+  CHECK(dump.signal <= SIGRTMAX);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("import ctrun outside ctrun does nothing and raises nothing",

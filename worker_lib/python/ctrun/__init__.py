@@ -40,12 +40,13 @@ _MAGIC = b"CTRUNPB1"
 _HEADER = 64
 _SLOT = 128
 _NAME = 64
+# Slot flags.
 _UNTIMED = 1
 _STACKS_ON_SIGNAL = 2
-_DONE = 4
+_DONE_FLAG = 4
 
 # Word offsets in a slot (8-byte words).
-_SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _DONE = range(7)
+_SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _SECTIONS_DONE = range(7)
 _FLAGS_OFFSET = 56
 _NAME_OFFSET = 64
 
@@ -70,7 +71,7 @@ def done():
     if _map is None:
         return
     flags, sig = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
-    struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _DONE, sig)
+    struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _DONE_FLAG, sig)
 
 
 def heartbeat():
@@ -112,7 +113,7 @@ class section:
             now = _now()
             if not _sections:
                 _words[_base + _BUSY_NS] += now - start
-                _words[_base + _DONE] += 1
+                _words[_base + _SECTIONS_DONE] += 1
             _publish(now)
         return False
 
@@ -186,7 +187,10 @@ def _attach():
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget)
     atexit.register(done)  # exiting is not a step
-    _register_stacks()
+    try:
+        _register_stacks()
+    except Exception:  # progress signals work without stacks
+        pass
 
 
 try:
