@@ -492,7 +492,8 @@ TEST_CASE(
   }
   INFO(out << err);
   CHECK(absl::StrContains(err, "worker rank 3 (local 1, pid "));
-  CHECK(absl::StrContains(err, ") is hung: no progress for 2."));
+  // At least the timeout (shown cut to 10 ms: "2s", "2.07s").
+  CHECK(absl::StrContains(err, ") is hung: no progress for 2"));
   CHECK(absl::StrContains(err, "in section 'step'"));
   // Both nodes kept the evidence of their own workers.
   int kept = 0;
