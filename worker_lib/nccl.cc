@@ -1,14 +1,17 @@
 #include "ctrun/nccl.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 #if defined(CTRUN_WITH_NCCL)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <cstring>
-
-#include "absl/time/clock.h"
+#include <thread>
 #endif
 
 namespace ctrun {
@@ -41,21 +44,79 @@ absl::StatusOr<std::string> ShareUniqueId(
   return id;
 }
 
+absl::StatusOr<GpuChoice> ChooseGpu(int local_rank, int device_count,
+                                    const char* cuda_visible_devices) {
+  const std::string visible =
+      cuda_visible_devices == nullptr
+          ? std::string()
+          : absl::StrCat(" (CUDA_VISIBLE_DEVICES=", cuda_visible_devices, ")");
+  if (device_count <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("LOCAL_RANK=", local_rank,
+                     " needs a GPU but none is visible", visible));
+  }
+  if (local_rank < device_count) return GpuChoice{local_rank, ""};
+  if (device_count == 1) {
+    return GpuChoice{
+        0, absl::StrCat("LOCAL_RANK=", local_rank, " sees exactly one GPU",
+                        visible, " and uses it as device 0")};
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("LOCAL_RANK=", local_rank, " but only ", device_count,
+                   " GPUs are visible", visible,
+                   "; run at most that many workers per node "
+                   "(--nproc_per_node=gpu)"));
+}
+
+absl::Status CheckGpuNotShared(WorkerStore& store,
+                               const WorkerIdentity& identity, int sequence,
+                               absl::string_view gpu_id,
+                               absl::Duration timeout) {
+  // Same-node workers hold consecutive global ranks, LOCAL_RANK 0 first.
+  auto key = [&](int rank) {
+    return absl::StrCat("nccl-gpu/", identity.run_id, "/", identity.store_round,
+                        "/", sequence, "/", rank);
+  };
+  if (auto s = store.Set(key(identity.rank), std::string(gpu_id)); !s.ok()) {
+    return s;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  const int first = identity.rank - identity.local_rank;
+  for (int peer = 0; peer < identity.local_rank; ++peer) {
+    auto theirs = store.Get(key(first + peer), deadline - absl::Now());
+    if (!theirs.ok()) return theirs.status();
+    if (*theirs == gpu_id) {
+      const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "LOCAL_RANK=", identity.local_rank, " and LOCAL_RANK=", peer,
+          " would both use GPU ", gpu_id,
+          visible ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : "",
+          "; give each worker its own GPU, or run fewer workers per node "
+          "(NCCL_MULTI_RANK_GPU_ENABLE=1 lets an NCCL that supports it "
+          "share one)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 #if defined(CTRUN_WITH_NCCL)
 namespace {
 
 // CUDA and NCCL results become statuses here, with the call and the
-// library's own error text.
-absl::Status CudaStatus(cudaError_t e, const char* call) {
+// library's own error text. NCCL's last error is read with or without a
+// communicator: it explains failures of ncclGetUniqueId and early init too.
+absl::Status CudaStatus(cudaError_t e, absl::string_view call) {
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(e)));
 }
-absl::Status NcclStatus(ncclResult_t r, const char* call, ncclComm_t comm) {
+absl::Status NcclStatus(ncclResult_t r, absl::string_view call,
+                        ncclComm_t comm) {
   if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
-  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  const char* last = ncclGetLastError(comm);
+  const bool has_last = last != nullptr && *last != '\0';
   return absl::InternalError(
-      absl::StrCat(call, ": ", ncclGetErrorString(r), last && *last ? " (" : "",
-                   last ? last : "", last && *last ? ")" : ""));
+      absl::StrCat(call, ": ", ncclGetErrorString(r), has_last ? " (" : "",
+                   has_last ? last : "", has_last ? ")" : ""));
 }
 
 #define CTRUN_CUDA(call)                                               \
@@ -63,12 +124,25 @@ absl::Status NcclStatus(ncclResult_t r, const char* call, ncclComm_t comm) {
     if (absl::Status s = CudaStatus((call), #call); !s.ok()) return s; \
   } while (0)
 
-// Waits for a non-blocking NCCL operation on `comm`; gives up at
-// `deadline` or when `still_wanted` says the round has ended.
-template <typename StillWanted>
-absl::Status AwaitNccl(ncclComm_t comm, absl::Time deadline,
+// Between polls: a collective of a few kilobytes ends in microseconds, so
+// the first millisecond only yields; after that the wait sleeps.
+void Pause(absl::Time started) {
+  if (absl::Now() - started < absl::Milliseconds(1)) {
+    std::this_thread::yield();
+  } else {
+    absl::SleepFor(absl::Microseconds(100));
+  }
+}
+
+// Waits until `done` says yes (or fails), watching NCCL's asynchronous
+// error, `deadline` and, every 200 ms, `still_wanted` (has the round
+// ended?). `what` names the operation in errors.
+template <typename Done, typename StillWanted>
+absl::Status AwaitNccl(ncclComm_t comm, absl::string_view what,
+                       absl::Time deadline, Done done,
                        StillWanted still_wanted) {
-  absl::Time next_check = absl::Now();
+  const absl::Time started = absl::Now();
+  absl::Time next_check = started;
   while (true) {
     ncclResult_t state = ncclSuccess;
     if (auto s = NcclStatus(ncclCommGetAsyncError(comm, &state),
@@ -76,56 +150,112 @@ absl::Status AwaitNccl(ncclComm_t comm, absl::Time deadline,
         !s.ok()) {
       return s;
     }
-    if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) {
-      return NcclStatus(state, "NCCL initialisation", comm);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return NcclStatus(state, what, comm);
+    }
+    if (state == ncclSuccess) {
+      absl::StatusOr<bool> finished = done();
+      if (!finished.ok()) return finished.status();
+      if (*finished) return absl::OkStatus();
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(
-          "NCCL communicator not ready before the deadline");
+          absl::StrCat(what, ": not done before the deadline"));
     }
     if (now >= next_check) {
-      if (auto s = still_wanted(); !s.ok()) return s;
+      if (auto s = still_wanted(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+      }
       next_check = now + absl::Milliseconds(200);
     }
-    absl::SleepFor(absl::Milliseconds(1));
+    Pause(started);
   }
 }
+
+// Asks the store whether the round that created the communicator still
+// runs: when a peer fails, the rendezvous ends it and the store answers
+// ABORTED.
+absl::Status RoundStillRuns(WorkerStore& store, const std::string& key) {
+  return store.Check({key}).status();
+}
+
+// For waits where NCCL's own state is all there is to watch.
+absl::StatusOr<bool> NothingElse() { return true; }
 
 }  // namespace
 
 NcclCommunicator::~NcclCommunicator() {
-  ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  ncclComm_t comm = static_cast<ncclComm_t>(comm_);
+  cudaSetDevice(device_);
+  if (broken_.ok()) {
+    // Finalize flushes what is still queued; it is non-blocking, so it is
+    // awaited with a bound, and a failure there aborts instead.
+    const absl::Status finalized = [&]() -> absl::Status {
+      if (auto s = NcclStatus(ncclCommFinalize(comm), "ncclCommFinalize", comm);
+          !s.ok()) {
+        return s;
+      }
+      return AwaitNccl(comm, "ncclCommFinalize",
+                       absl::Now() + absl::Seconds(30), NothingElse,
+                       [] { return absl::OkStatus(); });
+    }();
+    if (finalized.ok()) {
+      ncclCommDestroy(comm);
+    } else {
+      ncclCommAbort(comm);
+    }
+  }
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (buffer_ != nullptr) cudaFree(buffer_);
 }
 
-absl::Status NcclCommunicator::AllReduceSum(double* host_values, size_t count) {
+absl::Status NcclCommunicator::Abort(absl::Status why) {
+  ncclCommAbort(static_cast<ncclComm_t>(comm_));
+  broken_ = absl::Status(
+      why.code(),
+      absl::StrCat(why.message(), " (the communicator was aborted)"));
+  return broken_;
+}
+
+absl::Status NcclCommunicator::AllReduceSum(double* host_values, size_t count,
+                                            absl::Duration timeout) {
+  if (!broken_.ok()) return broken_;
+  const absl::Time deadline = absl::Now() + timeout;
   ncclComm_t comm = static_cast<ncclComm_t>(comm_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   const size_t bytes = count * sizeof(double);
   CTRUN_CUDA(cudaSetDevice(device_));
-  void* device_buffer = nullptr;
-  CTRUN_CUDA(cudaMalloc(&device_buffer, bytes));
-  // Freed on every path below.
-  struct Free {
-    void* p;
-    ~Free() { cudaFree(p); }
-  } free_buffer{device_buffer};
-  CTRUN_CUDA(
-      cudaMemcpy(device_buffer, host_values, bytes, cudaMemcpyHostToDevice));
-  if (auto s = NcclStatus(ncclAllReduce(device_buffer, device_buffer, count,
-                                        ncclDouble, ncclSum, comm, nullptr),
+  if (bytes > buffer_bytes_) {
+    if (buffer_ != nullptr) CTRUN_CUDA(cudaFree(buffer_));
+    buffer_ = nullptr;
+    buffer_bytes_ = 0;
+    CTRUN_CUDA(cudaMalloc(&buffer_, bytes));
+    buffer_bytes_ = bytes;
+  }
+  CTRUN_CUDA(cudaMemcpyAsync(buffer_, host_values, bytes,
+                             cudaMemcpyHostToDevice, stream));
+  if (auto s = NcclStatus(ncclAllReduce(buffer_, buffer_, count, ncclDouble,
+                                        ncclSum, comm, stream),
                           "ncclAllReduce", comm);
       !s.ok()) {
-    return s;
+    return Abort(s);
   }
-  if (auto s = AwaitNccl(comm, absl::InfiniteFuture(),
-                         [] { return absl::OkStatus(); });
+  CTRUN_CUDA(cudaMemcpyAsync(host_values, buffer_, bytes,
+                             cudaMemcpyDeviceToHost, stream));
+  // cudaStreamSynchronize would never return if a peer died mid-collective;
+  // polling lets NCCL's error, the round's end and the deadline abort it.
+  auto stream_done = [stream]() -> absl::StatusOr<bool> {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaErrorNotReady) return false;
+    if (auto s = CudaStatus(e, "cudaStreamQuery"); !s.ok()) return s;
+    return true;
+  };
+  if (auto s = AwaitNccl(comm, "ncclAllReduce", deadline, stream_done,
+                         [this] { return RoundStillRuns(store_, key_); });
       !s.ok()) {
-    return s;
+    return Abort(s);
   }
-  CTRUN_CUDA(cudaStreamSynchronize(nullptr));
-  CTRUN_CUDA(
-      cudaMemcpy(host_values, device_buffer, bytes, cudaMemcpyDeviceToHost));
   return absl::OkStatus();
 }
 
@@ -135,14 +265,22 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> CreateNcclCommunicator(
   const absl::Time deadline = absl::Now() + timeout;
   int devices = 0;
   CTRUN_CUDA(cudaGetDeviceCount(&devices));
-  if (identity.local_rank >= devices) {
-    const char* visible = getenv("CUDA_VISIBLE_DEVICES");
-    return absl::FailedPreconditionError(absl::StrCat(
-        "LOCAL_RANK=", identity.local_rank, " but only ", devices,
-        " GPUs are visible", visible ? " (CUDA_VISIBLE_DEVICES=" : "",
-        visible ? visible : "", visible ? ")" : ""));
+  auto gpu =
+      ChooseGpu(identity.local_rank, devices, getenv("CUDA_VISIBLE_DEVICES"));
+  if (!gpu.ok()) return gpu.status();
+  if (!gpu->note.empty()) fprintf(stderr, "ctrun: %s\n", gpu->note.c_str());
+  CTRUN_CUDA(cudaSetDevice(gpu->device));
+
+  const char* shared_ok = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  if (shared_ok == nullptr || std::string(shared_ok) != "1") {
+    char bus_id[32] = {};
+    CTRUN_CUDA(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, gpu->device));
+    if (auto s = CheckGpuNotShared(store, identity, sequence, bus_id,
+                                   deadline - absl::Now());
+        !s.ok()) {
+      return s;
+    }
   }
-  CTRUN_CUDA(cudaSetDevice(identity.local_rank));
 
   ncclUniqueId uid;
   std::memset(&uid, 0, sizeof uid);
@@ -171,16 +309,19 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> CreateNcclCommunicator(
   }
   // A peer that died leaves the others waiting in init; the round then
   // moves on and the store answers ABORTED, which ends the wait early.
-  const std::string key = NcclIdKey(identity, sequence);
-  auto still_wanted = [&store, &key]() -> absl::Status {
-    return store.Check({key}).status();
-  };
-  if (auto s = AwaitNccl(comm, deadline, still_wanted); !s.ok()) {
+  std::string key = NcclIdKey(identity, sequence);
+  if (auto s = AwaitNccl(comm, "NCCL initialisation", deadline, NothingElse,
+                         [&store, &key] { return RoundStillRuns(store, key); });
+      !s.ok()) {
     ncclCommAbort(comm);
     return s;
   }
-  return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(comm, identity.local_rank));
+  std::unique_ptr<NcclCommunicator> communicator(
+      new NcclCommunicator(comm, gpu->device, store, std::move(key)));
+  cudaStream_t stream = nullptr;
+  CTRUN_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  communicator->stream_ = stream;
+  return communicator;
 }
 #endif  // CTRUN_WITH_NCCL
 

@@ -87,6 +87,21 @@ TEST_CASE("A unique id of the wrong size is refused", "[worker][integration]") {
   CHECK(r.err.find("has 100 bytes; expected 128") != std::string::npos);
 }
 
+TEST_CASE("Workers of one node that would share a GPU are refused by name",
+          "[worker][integration]") {
+  auto r =
+      Launch({"--nproc_per_node=3", WorkerProbePath(), "gpu-share", "same"});
+  CHECK(r.code != 0);
+  CHECK(Count(r.err,
+              "LOCAL_RANK=[12] and LOCAL_RANK=[01] would both use "
+              "GPU 0000:3b:00.0") >= 1);
+  auto own =
+      Launch({"--nproc_per_node=3", WorkerProbePath(), "gpu-share", "own"});
+  INFO(own.err);
+  CHECK(own.code == 0);
+  CHECK(Count(own.out, "ok gpu-share rank=[0-2] gpu=gpu-[0-2]") == 3);
+}
+
 TEST_CASE("Four workers all-reduce with Gloo through the job's store",
           "[worker][integration]") {
   auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "gloo"});

@@ -11,6 +11,8 @@
 //   worker_probe steps N R       N steps of 50 ms, each a heartbeat and a
 //                                "step" section; rank R stops in its 11th
 //                                in the first attempt (a hang)
+//   worker_probe gpu-share same|own  claims one GPU for all workers, or
+//                                one each (CheckGpuNotShared)
 //   worker_probe nccl            all-reduces rank+1 with NCCL on the GPU
 //                                LOCAL_RANK (builds with NCCL only)
 #include <gloo/allreduce.h>
@@ -89,6 +91,18 @@ int NcclId(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store,
   return 0;
 }
 
+// Claims the GPU named `gpu_id` (a stand-in for a PCI bus id).
+int GpuShare(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store,
+             const std::string& gpu_id) {
+  if (auto s =
+          ctrun::CheckGpuNotShared(store, id, 0, gpu_id, absl::Seconds(30));
+      !s.ok()) {
+    return Fail(s.ToString());
+  }
+  std::printf("ok gpu-share rank=%d gpu=%s\n", id.rank, gpu_id.c_str());
+  return 0;
+}
+
 int Gloo(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
   auto context = ctrun::CreateGlooContext(id, store);
   if (!context.ok()) return Fail(context.status().ToString());
@@ -161,8 +175,17 @@ int main(int argc, char** argv) {
     return NcclId(*id, **store, argc > 2 ? std::atoi(argv[2]) : 128);
   }
   if (mode == "gloo") return Gloo(*id, **store);
+  if (mode == "gpu-share" && argc == 3) {
+    // "same": every worker claims one GPU; "own": each its LOCAL_RANK's.
+    const std::string gpu = std::string(argv[2]) == "same"
+                                ? "0000:3b:00.0"
+                                : absl::StrCat("gpu-", id->local_rank);
+    return GpuShare(*id, **store, gpu);
+  }
 #if defined(CTRUN_WITH_NCCL)
   if (mode == "nccl") return Nccl(*id, **store);
 #endif
-  return Fail("usage: worker_probe identity|store|nccl-id [BYTES]|gloo");
+  return Fail(
+      "usage: worker_probe identity|store|nccl-id [BYTES]|gloo|"
+      "gpu-share same|own");
 }

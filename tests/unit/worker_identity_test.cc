@@ -103,5 +103,35 @@ TEST_CASE("NCCL unique id keys are namespaced by run round and sequence",
   CHECK(NcclIdKey(*id, 1) != NcclIdKey(*id, 0));
 }
 
+TEST_CASE("Each worker uses the GPU its LOCAL_RANK names", "[worker][unit]") {
+  auto g = ChooseGpu(2, 4, nullptr);
+  REQUIRE(g.ok());
+  CHECK(g->device == 2);
+  CHECK(g->note.empty());
+}
+
+TEST_CASE("A worker that sees exactly one GPU uses it as device 0",
+          "[worker][unit]") {
+  // A scheduler giving each process its own GPU: LOCAL_RANK 3 sees one.
+  auto g = ChooseGpu(3, 1, "5");
+  REQUIRE(g.ok());
+  CHECK(g->device == 0);
+  CHECK(g->note ==
+        "LOCAL_RANK=3 sees exactly one GPU (CUDA_VISIBLE_DEVICES=5) and uses "
+        "it as device 0");
+}
+
+TEST_CASE("More workers than visible GPUs name LOCAL_RANK and the devices",
+          "[worker][unit]") {
+  auto g = ChooseGpu(2, 2, "0,1");
+  CHECK(absl::IsFailedPrecondition(g.status()));
+  CHECK(g.status().message() ==
+        "LOCAL_RANK=2 but only 2 GPUs are visible (CUDA_VISIBLE_DEVICES=0,1); "
+        "run at most that many workers per node (--nproc_per_node=gpu)");
+  auto none = ChooseGpu(0, 0, "");
+  CHECK(none.status().message() ==
+        "LOCAL_RANK=0 needs a GPU but none is visible (CUDA_VISIBLE_DEVICES=)");
+}
+
 }  // namespace
 }  // namespace ctrun
