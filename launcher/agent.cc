@@ -13,6 +13,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "absl/base/thread_annotations.h"
@@ -156,7 +157,15 @@ absl::Status Agent::Setup() {
   group.out = out_;
   group.err = err_;
   if (auto s = SetupProgress(group); !s.ok()) return s;
+  if (auto s = SetupBinding(group); !s.ok()) return s;
   workers_ = std::make_unique<WorkerGroup>(std::move(group), epoll_fd_);
+  if ((nvml_ = Nvml::Load())) {
+    GpuWatchConfig watch;
+    watch.job_gpus =
+        JobGpus(getenv("CUDA_VISIBLE_DEVICES"), nvml_->device_count(),
+                config_.workers.options.local_world_size);
+    gpu_watch_ = std::make_unique<GpuWatch>(std::move(watch));
+  }
   return absl::OkStatus();
 }
 
@@ -199,6 +208,30 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   return absl::OkStatus();
 }
 
+absl::Status Agent::SetupBinding(WorkerGroupConfig& group) {
+  const auto& policy = group.options.numa_binding;
+  if (!policy) return absl::OkStatus();
+  auto bindings = PlanNodeBindings(*policy, group.options.local_world_size,
+                                   getenv("CUDA_VISIBLE_DEVICES"));
+  if (!bindings.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--numa_binding=", NumaPolicyName(*policy), ": ",
+                     bindings.status().message()));
+  }
+  for (size_t lr = 0; lr < bindings->size(); ++lr) {
+    const Binding& b = (*bindings)[lr];
+    err_->WriteAgentLine(absl::StrCat(
+        "ctrun: --numa_binding=", NumaPolicyName(*policy), ": local rank ", lr,
+        " on CPUs ", CpuListString(b.cpus),
+        b.memory_node >= 0
+            ? absl::StrCat(", memory preferred on NUMA node ", b.memory_node)
+            : "",
+        "\n"));
+  }
+  group.bindings = std::move(*bindings);
+  return absl::OkStatus();
+}
+
 int Agent::Run() {
   if (auto s = Setup(); !s.ok()) {
     err_->WriteAgentLine(absl::StrCat("ctrun: ", s.message(), "\n"));
@@ -208,10 +241,13 @@ int Agent::Run() {
   policy_.Start(MonotonicNow(), &effects);
   Apply(std::move(effects));
   while (!exit_code_) {
-    Poll(std::min({policy_.NextDeadline(), workers_->PartialDue(),
-                   evidence_ ? evidence_->NextDue() : absl::InfiniteFuture()}));
+    Poll(std::min(
+        {policy_.NextDeadline(), workers_->PartialDue(),
+         evidence_ ? evidence_->NextDue() : absl::InfiniteFuture(),
+         gpu_watch_ ? gpu_watch_->NextDue() : absl::InfiniteFuture()}));
     workers_->ShowPartials(MonotonicNow());
     if (exit_code_) break;
+    if (gpu_watch_ && MonotonicNow() >= gpu_watch_->NextDue()) ReadGpus();
     if (evidence_ && !evidence_->done() && evidence_->Step(MonotonicNow())) {
       effects.clear();
       policy_.OnEvidenceCollected(MonotonicNow(), &effects);
@@ -223,6 +259,7 @@ int Agent::Run() {
     Apply(std::move(effects));
   }
   stopped_by_signal_ = policy_.stopped_by_signal();
+  ReportUsage();
   // Leave the rendezvous: a half-close tells it this node is done.
   if (session_) {
     session_->Close();
@@ -267,6 +304,9 @@ void Agent::OnSignals() {
     const absl::Time now = MonotonicNow();
     if (info.ssi_signo == SIGCHLD) {
       for (const WorkerExit& e : workers_->Reap()) {
+        if (e.local_rank < static_cast<int>(rank_runs_.size())) {
+          rank_runs_[e.local_rank].exit = e;
+        }
         policy_.OnWorkerExit(e, now, &effects);
       }
       for (pid_t pid : workers_->TakeOtherExits()) {
@@ -365,6 +405,45 @@ void Agent::KillTimedOut(pid_t pid, int signal) {
                                     "or their processes\n"));
 }
 
+void Agent::ReadGpus() {
+  // A worker's GPU processes are the worker or in its process group (a
+  // shell's python, a DataLoader's child).
+  std::map<pid_t, int> local_rank_of;
+  for (int lr = 0; lr < static_cast<int>(rank_runs_.size()); ++lr) {
+    if (const pid_t pid = workers_->PidOf(lr); pid > 0) local_rank_of[pid] = lr;
+  }
+  std::vector<GpuReading> readings;
+  for (const GpuDeviceReading& device : nvml_->Read()) {
+    GpuReading r;
+    r.gpu = device.gpu;
+    r.utilization = device.utilization;
+    for (const GpuProcess& p : device.processes) {
+      auto it = local_rank_of.find(p.pid);
+      if (it == local_rank_of.end()) it = local_rank_of.find(getpgid(p.pid));
+      if (it != local_rank_of.end()) {
+        r.bytes_by_local_rank[it->second] += p.used_bytes;
+      }
+    }
+    readings.push_back(std::move(r));
+  }
+  if (auto warning = gpu_watch_->Observe(MonotonicNow(), readings)) {
+    err_->WriteAgentLine(absl::StrCat("ctrun: ", *warning, "\n"));
+  }
+}
+
+void Agent::ReportUsage() {
+  for (int lr = 0; lr < static_cast<int>(rank_runs_.size()); ++lr) {
+    const RankRun& run = rank_runs_[lr];
+    if (!run.exit) continue;  // never started, or left behind
+    err_->WriteAgentLine(absl::StrCat(
+        "ctrun: ",
+        RankUsageLine(run.rank, run.exit->wall_time - run.started,
+                      run.exit->peak_rss_bytes,
+                      gpu_watch_ ? gpu_watch_->UsageOf(lr) : RankGpuUsage{}),
+        "\n"));
+  }
+}
+
 void Agent::DrainInbox() {
   for (Inbox::Item& item : inbox_->Take()) {
     if (exit_code_) return;
@@ -424,6 +503,14 @@ void Agent::Apply(const AgentEffect& effect) {
     master_port_ = start->assignment.master_port();
     if (board_) board_->Clear();
     const std::vector<WorkerStart> started = workers_->Start(start->assignment);
+    std::vector<int> ranks;
+    rank_runs_.clear();
+    for (const WorkerStart& w : started) {
+      ranks.push_back(static_cast<int>(start->assignment.first_global_rank()) +
+                      w.local_rank);
+      rank_runs_.push_back(RankRun{ranks.back(), absl::Now(), std::nullopt});
+    }
+    if (gpu_watch_) gpu_watch_->Start(MonotonicNow(), std::move(ranks));
     AgentEffects more;
     policy_.OnWorkersStarted(started, MonotonicNow(), &more);
     Apply(std::move(more));

@@ -23,6 +23,8 @@
 #include "launcher/agent_policy.h"
 #include "launcher/console.h"
 #include "launcher/evidence.h"
+#include "launcher/gpu_watch.h"
+#include "launcher/nvml.h"
 #include "launcher/progress_board.h"
 #include "launcher/worker_group.h"
 #include "rendezvous/client.h"
@@ -69,9 +71,16 @@ class Agent {
   // Sets up what workers report progress with: ctrun's Python module, the
   // progress board, and torchrun's file-timer FIFO when asked for.
   absl::Status SetupProgress(WorkerGroupConfig& group);
+  // Plans each worker's --numa_binding, and says what it is.
+  absl::Status SetupBinding(WorkerGroupConfig& group);
   void StartEvidence(const agent_effect::CollectEvidence& collect);
   void EndEvidence();
   void KillTimedOut(pid_t pid, int signal);
+  // Reads every GPU through NVML and hands what this node's workers hold
+  // to the GPU watch.
+  void ReadGpus();
+  // One line per rank of the last round: wall time, peak RSS, GPU usage.
+  void ReportUsage();
   // Carries out `effects` in order, with what they lead to.
   void Apply(AgentEffects effects);
   void Apply(const AgentEffect& effect);
@@ -97,6 +106,15 @@ class Agent {
   std::string timer_partial_;
   std::unique_ptr<EvidenceCollector> evidence_;
   int evidence_focus_ = -1;
+  std::unique_ptr<Nvml> nvml_;           // null without NVIDIA's driver
+  std::unique_ptr<GpuWatch> gpu_watch_;  // with nvml_
+  // The current round's workers, by local rank, for ReportUsage.
+  struct RankRun {
+    int rank = 0;
+    absl::Time started;
+    std::optional<WorkerExit> exit;
+  };
+  std::vector<RankRun> rank_runs_;
   std::unique_ptr<SessionStream> session_;
   // Which session the inbox's items belong to; bumped by every open and
   // cancel, so that a replaced session's last words are dropped.

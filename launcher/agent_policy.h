@@ -194,6 +194,10 @@ struct WorkerExit {
   // It stopped on SIGTTIN/SIGTTOU (`signal`) trying to use the terminal,
   // which would hang the job for good; the worker group ended it.
   bool stopped_on_terminal = false;
+  // Its largest resident set, its waited-for children included (wait4's
+  // ru_maxrss). Started with vfork, a worker's count begins at the agent's
+  // own (some 15 MiB): below that it reads high.
+  uint64_t peak_rss_bytes = 0;
 };
 
 class AgentPolicy {

@@ -110,9 +110,9 @@ constexpr FlagSpec kFlags[] = {
      "accepted for torchrun compatibility",
      "log layout plugins are Python classes; use --log_dir"},
     {"numa_binding", 0, Kind::kValue, "", "node|socket|exclusive|core-complex",
-     "accepted for torchrun compatibility",
-     "NUMA binding is not implemented; bind with numactl in the "
-     "entrypoint"},
+     "bind each worker to the CPUs near its GPU (LOCAL_RANK): its NUMA "
+     "node's (and its memory there), its socket's, a share of the node's "
+     "cores, or one core complex"},
     {"event_log_handler", 0, Kind::kValue, "null", "NAME",
      "accepted for torchrun compatibility",
      "torchelastic's event handlers are Python plugins; ctrun logs its "
@@ -725,11 +725,12 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   if (method != "spawn" && method != "fork" && method != "forkserver") {
     return BadValue(raw, "start_method", "expected spawn, fork or forkserver");
   }
-  const std::string& numa = raw.at("numa_binding").text;
-  if (!numa.empty() && numa != "node" && numa != "socket" &&
-      numa != "exclusive" && numa != "core-complex") {
-    return BadValue(raw, "numa_binding",
-                    "expected node, socket, exclusive or core-complex");
+  if (const std::string& numa = raw.at("numa_binding").text; !numa.empty()) {
+    auto policy = ParseNumaPolicy(numa);
+    if (!policy.ok()) {
+      return BadValue(raw, "numa_binding", policy.status().message());
+    }
+    o.numa_binding = *policy;
   }
   CTRUN_RETURN_IF_ERROR(
       ConvertBool(raw, "virtual_local_rank", &o.virtual_local_rank));

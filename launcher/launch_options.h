@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "launcher/numa_binding.h"
 
 namespace ctrun {
 
@@ -59,6 +60,8 @@ struct LaunchOptions {
   int min_nodes = 1;
   int max_nodes = 1;
   int local_world_size = 1;  // --nproc_per_node, resolved to a count
+  // --numa_binding: each worker bound to its GPU's CPUs (and memory).
+  std::optional<NumaPolicy> numa_binding;
 
   // Rendezvous.
   std::string rdzv_backend = "static";

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -138,6 +139,9 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
     spawn.tty_stdout = PlanStream(lr, 1).tty;
     spawn.tty_stderr = PlanStream(lr, 2).tty;
     spawn.window_from = isatty(STDOUT_FILENO) ? STDOUT_FILENO : STDERR_FILENO;
+    if (lr < static_cast<int>(config_.bindings.size())) {
+      spawn.binding = &config_.bindings[lr];
+    }
     auto spawned = SpawnWorker(config_.worker_argv, env, spawn);
     if (!spawned.ok()) {
       start.error = std::string(spawned.status().message());
@@ -184,7 +188,8 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
   std::vector<WorkerExit> exits;
   int status = 0;
   pid_t pid;
-  while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
+  rusage usage{};
+  while ((pid = wait4(-1, &status, WNOHANG | WUNTRACED, &usage)) > 0) {
     if (config_.watchdog && pid == config_.watchdog->pid()) {
       config_.err->WriteAgentLine(
           "ctrun: the watchdog process exited; workers may outlive a crash "
@@ -220,6 +225,7 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
     WorkerExit e;
     e.local_rank = it->local_rank;
     e.wall_time = absl::Now();
+    e.peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;
     if (on_terminal) {
       // A worker outside the terminal's foreground group would wait for it
       // forever; it ends as a failure instead (SIGKILLed with its group

@@ -45,6 +45,8 @@ struct WorkerGroupConfig {
   std::string run_dir;  // attempt_N/LOCAL_RANK/ go below
   // Where workers report progress; unused when `progress.board` is empty.
   ProgressPaths progress;
+  // Each worker's --numa_binding, by local rank; empty: not bound.
+  std::vector<Binding> bindings;
   Watchdog* watchdog = nullptr;  // optional; not owned
   Console* out = nullptr;        // not owned
   Console* err = nullptr;        // not owned

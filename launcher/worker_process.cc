@@ -1,10 +1,13 @@
 #include "launcher/worker_process.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -97,6 +100,20 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
     CloseBoth(err);
     return SystemError("pipe");
   }
+  // The binding, as the system calls take it.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  unsigned long memory_nodes[16] = {};  // NOLINT: set_mempolicy's type
+  const Binding* binding = options.binding;
+  if (binding != nullptr) {
+    for (int c : binding->cpus) {
+      if (c < CPU_SETSIZE) CPU_SET(c, &cpus);
+    }
+    const int node = binding->memory_node;
+    if (node >= 0 && node < static_cast<int>(sizeof memory_nodes * 8)) {
+      memory_nodes[node / 64] |= 1UL << (node % 64);
+    }
+  }
   const bool own_group = options.own_group;
   const pid_t parent = getpid();
   // vfork: the child borrows the agent's memory until it execs, so starting
@@ -135,6 +152,15 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
     for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU}) sigaction(sig, &dfl, nullptr);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
+    if (binding != nullptr) {
+      // Planned from ctrun's own affinity, so it cannot be refused for
+      // naming no usable CPU.
+      sched_setaffinity(0, sizeof cpus, &cpus);
+      if (binding->memory_node >= 0) {
+        syscall(SYS_set_mempolicy, MPOL_PREFERRED, memory_nodes,
+                sizeof memory_nodes * 8 + 1);
+      }
+    }
     execve(args[0], args.data(), envp.data());
     const int e = errno;
     (void)!write(exec_status[1], &e, sizeof e);

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/command_line.h"
+#include "launcher/numa_binding.h"
 
 namespace ctrun {
 
@@ -24,6 +25,9 @@ struct SpawnOptions {
   bool tty_stdout = false;
   bool tty_stderr = false;
   int window_from = -1;
+  // Set before exec (--numa_binding): the CPUs it may run on, and the NUMA
+  // node its memory is preferred on. Null: inherited from ctrun.
+  const Binding* binding = nullptr;
 };
 
 struct SpawnedProcess {

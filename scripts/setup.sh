@@ -14,6 +14,8 @@ PACKAGES=(
   python3 python3-torch procps openssl
   # Native stacks of hung workers (launcher/evidence.h).
   gdb
+  # --numa_binding: CPU and memory locality of each worker's GPU.
+  libhwloc-dev
   # The Slurm end-to-end tests run a private Slurm with munge.
   slurmctld slurmd slurm-client munge libmunge-dev
 )

@@ -1,6 +1,7 @@
 // The real ctrun binary with real worker processes (/bin/sh scripts) and
 // real signals.
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,10 +16,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "rendezvous/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
+#include "tests/support/topology_xml.h"
 
 namespace ctrun::testing {
 namespace {
@@ -759,6 +762,138 @@ TEST_CASE("help and version exit 0", "[ctrun][integration]") {
   ChildProcess version({CtrunPath(), "--version"});
   CHECK(version.ReadAll(kWait).rfind("ctrun ", 0) == 0);
   CHECK(version.Wait(kWait) == 0);
+}
+
+// The GPU watch against the fake NVML (tests/support/fake_nvml.cc): four
+// "GPUs", the workers placed on them as CTRUN_FAKE_NVML says.
+std::unique_ptr<ChildProcess> CtrunOnFakeGpus(const std::string& placement) {
+  return Ctrun({"--nproc_per_node=4"}, "sleep 8",
+               {"CTRUN_NVML_LIBRARY=" + FakeNvmlPath(),
+                "CTRUN_FAKE_NVML=gpus=4 util=90,0,0,0 placement=" + placement +
+                    " mib=1024"});
+}
+
+int Count(const std::string& text, const std::string& pattern) {
+  std::regex re(pattern);
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                    std::sregex_iterator()));
+}
+
+TEST_CASE("Workers all on GPU 0 are named once, with the idle GPUs",
+          "[ctrun][gpu_watch][integration]") {
+  auto c = CtrunOnFakeGpus("0,0,0,0");
+  REQUIRE(c->Wait(kWait) == 0);
+  const std::string err = c->Stderr();
+  INFO(err);
+  CHECK(
+      Count(err,
+            "ctrun: ranks 0-3 all run on GPU 0; GPUs 1-3 are idle \xE2\x80\x94 "
+            "call torch\\.cuda\\.set_device\\(LOCAL_RANK\\)") == 1);
+  // The end-of-job line of each rank, with what NVML said of its GPU.
+  CHECK(Count(err,
+              "ctrun: rank [0-3]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
+              "GPU 0: peak memory 1\\.0 GiB, mean utilization 90%") == 4);
+}
+
+TEST_CASE("Workers each on their own GPU are not named",
+          "[ctrun][gpu_watch][integration]") {
+  auto c = CtrunOnFakeGpus("0,1,2,3");
+  REQUIRE(c->Wait(kWait) == 0);
+  const std::string err = c->Stderr();
+  INFO(err);
+  CHECK(err.find("idle") == std::string::npos);
+  CHECK(Count(err,
+              "ctrun: rank 2: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
+              "GPU 2: peak memory 1\\.0 GiB, mean utilization 0%") == 1);
+}
+
+TEST_CASE("Without NVML the end-of-job lines have no GPU part",
+          "[ctrun][gpu_watch][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2"}, "exit 0",
+                 {"CTRUN_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1"});
+  REQUIRE(c->Wait(kWait) == 0);
+  const std::string err = c->Stderr();
+  CHECK(Count(err,
+              "ctrun: rank [01]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB\n") ==
+        2);
+}
+
+// --numa_binding on the synthetic machine of tests/support/topology_xml.h
+// (HWLOC_XMLFILE): its CPUs that exist here are even on socket 0 (GPUs
+// 0-3) and odd on socket 1 (GPUs 4-7).
+class FakeTopology {
+ public:
+  FakeTopology()
+      : path_(std::filesystem::temp_directory_path() /
+              absl::StrCat("ctrun-topology-", getpid(), ".xml")) {
+    std::ofstream(path_) << TwoSocketsEightGpusXml();
+  }
+  ~FakeTopology() { std::filesystem::remove(path_); }
+  std::string env() const { return "HWLOC_XMLFILE=" + path_; }
+
+ private:
+  std::string path_;
+};
+
+// The CPUs this process may use, of the synthetic machine's 16.
+std::set<int> UsableCpus() {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+  std::set<int> cpus;
+  for (int c = 0; c < 16; ++c) {
+    if (CPU_ISSET(c, &mine)) cpus.insert(c);
+  }
+  return cpus;
+}
+
+std::string CpuList(const std::set<int>& cpus) {
+  std::vector<std::string> parts;
+  for (int c : cpus) parts.push_back(absl::StrCat(c));
+  return absl::StrJoin(parts, ",");
+}
+
+TEST_CASE("numa_binding=node binds each worker to its GPU's NUMA node",
+          "[ctrun][numa][integration]") {
+  FakeTopology topology;
+  auto c = Ctrun({"--nproc_per_node=8", "--numa_binding=node"},
+                 "grep Cpus_allowed_list /proc/$$/status", {topology.env()});
+  const std::string out = c->ReadAll(kWait);
+  REQUIRE(c->Wait(kWait) == 0);
+  const std::string err = c->Stderr();
+  INFO(out << err);
+  CHECK(err.find("ctrun: --numa_binding=node: local rank 5 on CPUs ") !=
+        std::string::npos);
+  CHECK(err.find(", memory preferred on NUMA node 1\n") != std::string::npos);
+  const std::set<int> usable = UsableCpus();
+  for (int rank = 0; rank < 8; ++rank) {
+    std::set<int> expected;
+    for (int cpu : usable) {
+      if (cpu % 2 == rank / 4) expected.insert(cpu);
+    }
+    if (expected.empty()) continue;  // a machine of one CPU
+    // Cpus_allowed_list writes runs as ranges; ours are never consecutive.
+    CHECK(out.find(absl::StrCat("R", rank, "| Cpus_allowed_list:\t",
+                                CpuList(expected), "\n")) != std::string::npos);
+  }
+}
+
+TEST_CASE("numa_binding=exclusive without a core per GPU is refused",
+          "[ctrun][numa][integration]") {
+  const std::set<int> usable = UsableCpus();
+  const auto evens = std::count_if(usable.begin(), usable.end(),
+                                   [](int cpu) { return cpu % 2 == 0; });
+  if (evens >= 4 || evens == 0) return;  // enough cores, or none on node 0
+  FakeTopology topology;
+  auto c = Ctrun({"--nproc_per_node=8", "--numa_binding=exclusive"}, "true",
+                 {topology.env()});
+  CHECK(c->Wait(kWait) == 1);
+  CHECK(absl::StrContains(
+      c->Stderr(),
+      absl::StrCat("ctrun: --numa_binding=exclusive: NUMA node 0 has ", evens,
+                   " usable physical cores for its 4 GPUs; "
+                   "--numa_binding=exclusive needs at least one each\n")));
 }
 
 }  // namespace

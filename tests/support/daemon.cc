@@ -9,6 +9,7 @@ std::string CtrunPath() { return CTRUN_CTRUN_PATH; }
 std::string TestAgentPath() { return CTRUN_TEST_AGENT_PATH; }
 std::string WorkerProbePath() { return CTRUN_WORKER_PROBE_PATH; }
 std::string TrainPath() { return CTRUN_TRAIN_PATH; }
+std::string FakeNvmlPath() { return CTRUN_FAKE_NVML_PATH; }
 std::string SourceDir() { return CTRUN_SOURCE_DIR; }
 
 void MakeSelfSignedCert(const std::string& ip, const std::string& cert,

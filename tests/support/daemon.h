@@ -17,6 +17,8 @@ std::string CtrunPath();
 std::string TestAgentPath();
 std::string WorkerProbePath();
 std::string TrainPath();
+// The fake libnvidia-ml (tests/support/fake_nvml.cc).
+std::string FakeNvmlPath();
 std::string SourceDir();
 
 // Writes a fresh self-signed certificate for `ip` and its key (openssl),
