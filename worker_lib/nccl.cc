@@ -142,7 +142,9 @@ absl::Status AwaitNccl(ncclComm_t comm, absl::string_view what,
                        absl::Time deadline, Done done,
                        StillWanted still_wanted) {
   const absl::Time started = absl::Now();
-  absl::Time next_check = started;
+  // The round is asked about only in waits that last: not on every
+  // collective (it is a call to the rendezvous).
+  absl::Time next_check = started + absl::Milliseconds(200);
   while (true) {
     ncclResult_t state = ncclSuccess;
     if (auto s = NcclStatus(ncclCommGetAsyncError(comm, &state),
@@ -241,10 +243,9 @@ absl::Status NcclCommunicator::AllReduceSum(double* host_values, size_t count,
       !s.ok()) {
     return Abort(s);
   }
-  CTRUN_CUDA(cudaMemcpyAsync(host_values, buffer_, bytes,
-                             cudaMemcpyDeviceToHost, stream));
-  // cudaStreamSynchronize would never return if a peer died mid-collective;
-  // polling lets NCCL's error, the round's end and the deadline abort it.
+  // cudaStreamSynchronize would never return if a peer died mid-collective
+  // (nor would a copy back to pageable memory queued behind it): polling
+  // lets NCCL's error, the round's end and the deadline abort it.
   auto stream_done = [stream]() -> absl::StatusOr<bool> {
     const cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaErrorNotReady) return false;
@@ -256,6 +257,10 @@ absl::Status NcclCommunicator::AllReduceSum(double* host_values, size_t count,
       !s.ok()) {
     return Abort(s);
   }
+  // The stream is idle: the copy back cannot wait on a peer.
+  CTRUN_CUDA(cudaMemcpyAsync(host_values, buffer_, bytes,
+                             cudaMemcpyDeviceToHost, stream));
+  CTRUN_CUDA(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
 
