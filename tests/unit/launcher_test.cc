@@ -288,10 +288,10 @@ TEST_CASE("Flags without use in ctrun are accepted and explained",
             "join",
             "--rdzv_conf use_libuv=1 has no effect: PyTorch's own TCPStore "
             "on MASTER_PORT is untouched",
-            "--numa_binding=node has no effect: NUMA binding is not "
-            "implemented; bind with numactl in the entrypoint",
             "--event_log_handler=console has no effect: torchelastic's event "
             "handlers are Python plugins; ctrun logs its events on stderr"});
+  // --numa-binding is implemented (launcher/numa_binding.h).
+  CHECK(newer->options.numa_binding == NumaPolicy::kNode);
   // Their values are checked as torchrun checks them.
   CHECK(Parse({"--numa-binding=bogus", "t"}).status().message() ==
         "--numa_binding=bogus: expected node, socket, exclusive or "
