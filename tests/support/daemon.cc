@@ -1,16 +1,35 @@
 #include "tests/support/daemon.h"
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
 
 namespace ctrun::testing {
 
-std::string CtrundPath() { return CTRUN_CTRUND_PATH; }
-std::string CtrunPath() { return CTRUN_CTRUN_PATH; }
-std::string TestAgentPath() { return CTRUN_TEST_AGENT_PATH; }
-std::string WorkerProbePath() { return CTRUN_WORKER_PROBE_PATH; }
-std::string TrainPath() { return CTRUN_TRAIN_PATH; }
-std::string FakeNvmlPath() { return CTRUN_FAKE_NVML_PATH; }
-std::string SourceDir() { return CTRUN_SOURCE_DIR; }
+namespace {
+
+// The programs are where the build put them, unless CTRUN_TEST_BIN_DIR
+// names a folder that holds them all: the GPU bundle runs its tests on
+// another machine, from another path (scripts/gpu-bundle.sh).
+std::string Program(const char* built) {
+  const char* dir = getenv("CTRUN_TEST_BIN_DIR");
+  if (dir == nullptr || *dir == '\0') return built;
+  return std::string(dir) + "/" +
+         std::filesystem::path(built).filename().string();
+}
+
+}  // namespace
+
+std::string CtrundPath() { return Program(CTRUN_CTRUND_PATH); }
+std::string CtrunPath() { return Program(CTRUN_CTRUN_PATH); }
+std::string TestAgentPath() { return Program(CTRUN_TEST_AGENT_PATH); }
+std::string WorkerProbePath() { return Program(CTRUN_WORKER_PROBE_PATH); }
+std::string TrainPath() { return Program(CTRUN_TRAIN_PATH); }
+std::string FakeNvmlPath() { return Program(CTRUN_FAKE_NVML_PATH); }
+std::string SourceDir() {
+  const char* dir = getenv("CTRUN_TEST_SOURCE_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : CTRUN_SOURCE_DIR;
+}
 
 void MakeSelfSignedCert(const std::string& ip, const std::string& cert,
                         const std::string& key) {
