@@ -36,7 +36,8 @@ cp "$BUILD_DIR/worker_lib/libctrun_worker.so" "$BUNDLE/lib/"
 # What the loader resolves for each program (DT_RPATH applies to the
 # libraries' own needs too), minus what the GPU machine brings itself.
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcuda|libnccl|libctrun_worker)\.'
-for program in "${programs[@]}"; do
+# (The bundled copies: the build tree's RPATH points at a lib/ it lacks.)
+for program in "$BUNDLE"/bin/* "$BUNDLE/lib/libctrun_worker.so"; do
   ldd "$program" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
     while read -r name path; do
       [[ $name =~ $skip ]] || cp -L -n "$path" "$BUNDLE/lib/$name"
