@@ -11,20 +11,13 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(240);
 
-int Count(const std::string& text, const std::string& pattern) {
-  std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re),
-                    std::sregex_iterator()));
-}
-
 TEST_CASE("NCCL all-reduce across one worker per GPU", "[.gpu][gpu]") {
   ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=gpu",
                   WorkerProbePath(), "nccl"});
   const std::string out = p.ReadAll(kWait);
   INFO(out << p.Stderr());
   REQUIRE(p.Wait(kWait) == 0);
-  CHECK(Count(out, "ok nccl rank=[0-9]+ device=[0-9]+ sum=") >= 1);
+  CHECK(CountMatches(out, "ok nccl rank=[0-9]+ device=[0-9]+ sum=") >= 1);
 }
 
 TEST_CASE("train with NCCL converges on every GPU", "[.gpu][gpu]") {
@@ -33,7 +26,7 @@ TEST_CASE("train with NCCL converges on every GPU", "[.gpu][gpu]") {
   const std::string out = p.ReadAll(kWait);
   INFO(out << p.Stderr());
   REQUIRE(p.Wait(kWait) == 0);
-  CHECK(Count(out, "final step=300 loss=[0-9.]+ params_sha256=") >= 1);
+  CHECK(CountMatches(out, "final step=300 loss=[0-9.]+ params_sha256=") >= 1);
 }
 
 }  // namespace

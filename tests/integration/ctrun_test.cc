@@ -773,27 +773,21 @@ std::unique_ptr<ChildProcess> CtrunOnFakeGpus(const std::string& placement) {
                     " mib=1024"});
 }
 
-int Count(const std::string& text, const std::string& pattern) {
-  std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re),
-                    std::sregex_iterator()));
-}
-
 TEST_CASE("Workers all on GPU 0 are named once, with the idle GPUs",
           "[ctrun][gpu_watch][integration]") {
   auto c = CtrunOnFakeGpus("0,0,0,0");
   REQUIRE(c->Wait(kWait) == 0);
   const std::string err = c->Stderr();
   INFO(err);
-  CHECK(
-      Count(err,
+  CHECK(CountMatches(
+            err,
             "ctrun: ranks 0-3 all run on GPU 0; GPUs 1-3 are idle \xE2\x80\x94 "
             "call torch\\.cuda\\.set_device\\(LOCAL_RANK\\)") == 1);
   // The end-of-job line of each rank, with what NVML said of its GPU.
-  CHECK(Count(err,
-              "ctrun: rank [0-3]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
-              "GPU 0: peak memory 1\\.0 GiB, mean utilization 90%") == 4);
+  CHECK(
+      CountMatches(err,
+                   "ctrun: rank [0-3]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
+                   "GPU 0: peak memory 1\\.0 GiB, mean utilization 90%") == 4);
 }
 
 TEST_CASE("Workers each on their own GPU are not named",
@@ -803,9 +797,9 @@ TEST_CASE("Workers each on their own GPU are not named",
   const std::string err = c->Stderr();
   INFO(err);
   CHECK(err.find("idle") == std::string::npos);
-  CHECK(Count(err,
-              "ctrun: rank 2: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
-              "GPU 2: peak memory 1\\.0 GiB, mean utilization 0%") == 1);
+  CHECK(CountMatches(err,
+                     "ctrun: rank 2: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
+                     "GPU 2: peak memory 1\\.0 GiB, mean utilization 0%") == 1);
 }
 
 TEST_CASE("Without NVML the end-of-job lines have no GPU part",
@@ -814,9 +808,9 @@ TEST_CASE("Without NVML the end-of-job lines have no GPU part",
                  {"CTRUN_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1"});
   REQUIRE(c->Wait(kWait) == 0);
   const std::string err = c->Stderr();
-  CHECK(Count(err,
-              "ctrun: rank [01]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB\n") ==
-        2);
+  CHECK(CountMatches(
+            err,
+            "ctrun: rank [01]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB\n") == 2);
 }
 
 // --numa_binding on the synthetic machine of tests/support/topology_xml.h

@@ -32,21 +32,14 @@ Run Launch(std::vector<std::string> args) {
   return r;
 }
 
-int Count(const std::string& text, const std::string& pattern) {
-  std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re),
-                    std::sregex_iterator()));
-}
-
 TEST_CASE("Workers read their identity and the store's scope",
           "[worker][integration]") {
   auto r = Launch({"--nproc_per_node=2", WorkerProbePath(), "identity"});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(Count(r.out,
-              "ok identity rank=[01] local=[01] world=2 round=0 "
-              "job=ctrun-[0-9a-f]+ node=127.0.0.1") == 2);
+  CHECK(CountMatches(r.out,
+                     "ok identity rank=[01] local=[01] world=2 round=0 "
+                     "job=ctrun-[0-9a-f]+ node=127.0.0.1") == 2);
 }
 
 TEST_CASE("Outside ctrun a worker says it was not started by ctrun",
@@ -61,7 +54,7 @@ TEST_CASE("The store client honours the store contract in real workers",
   auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "store"});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(Count(r.out, "ok store rank=[0-3]") == 4);
+  CHECK(CountMatches(r.out, "ok store rank=[0-3]") == 4);
 }
 
 TEST_CASE("A 128-byte NCCL unique id from rank 0 reaches every rank",
@@ -76,7 +69,7 @@ TEST_CASE("A 128-byte NCCL unique id from rank 0 reaches every rank",
        it != end; ++it) {
     digests.insert((*it)[1]);
   }
-  CHECK(Count(r.out, "ok nccl-id") == 4);
+  CHECK(CountMatches(r.out, "ok nccl-id") == 4);
   CHECK(digests.size() == 1);
 }
 
@@ -92,14 +85,14 @@ TEST_CASE("Workers of one node that would share a GPU are refused by name",
   auto r =
       Launch({"--nproc_per_node=3", WorkerProbePath(), "gpu-share", "same"});
   CHECK(r.code != 0);
-  CHECK(Count(r.err,
-              "LOCAL_RANK=[12] and LOCAL_RANK=[01] would both use "
-              "GPU 0000:3b:00.0") >= 1);
+  CHECK(CountMatches(r.err,
+                     "LOCAL_RANK=[12] and LOCAL_RANK=[01] would both use "
+                     "GPU 0000:3b:00.0") >= 1);
   auto own =
       Launch({"--nproc_per_node=3", WorkerProbePath(), "gpu-share", "own"});
   INFO(own.err);
   CHECK(own.code == 0);
-  CHECK(Count(own.out, "ok gpu-share rank=[0-2] gpu=gpu-[0-2]") == 3);
+  CHECK(CountMatches(own.out, "ok gpu-share rank=[0-2] gpu=gpu-[0-2]") == 3);
 }
 
 TEST_CASE("Four workers all-reduce with Gloo through the job's store",
@@ -107,7 +100,7 @@ TEST_CASE("Four workers all-reduce with Gloo through the job's store",
   auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "gloo"});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(Count(r.out, "ok gloo rank=[0-3] sum=10") == 4);
+  CHECK(CountMatches(r.out, "ok gloo rank=[0-3] sum=10") == 4);
 }
 
 std::set<std::string> Checksums(const std::string& out) {
@@ -125,7 +118,7 @@ TEST_CASE("train converges with 4 workers and every rank ends equal",
   auto r = Launch({"--nproc_per_node=4", TrainPath(), "--steps", "300"});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(Count(r.out, "final step=300") == 4);
+  CHECK(CountMatches(r.out, "final step=300") == 4);
   CHECK(Checksums(r.out).size() == 1);
   std::smatch first, last;
   REQUIRE(std::regex_search(r.out, first, std::regex("step 1 loss ([0-9.]+)")));

@@ -14,6 +14,7 @@ extern char** environ;
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "absl/time/clock.h"
@@ -202,6 +203,13 @@ bool ChildProcess::StderrContains(const std::string& needle,
     absl::SleepFor(absl::Milliseconds(10));
   }
   return true;
+}
+
+int CountMatches(const std::string& text, const std::string& pattern) {
+  std::regex re(pattern);
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                    std::sregex_iterator()));
 }
 
 }  // namespace ctrun::testing

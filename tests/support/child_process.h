@@ -23,6 +23,9 @@ namespace ctrun::testing {
 // the variables they name, for a child's execve.
 std::vector<std::string> EnvironmentWith(std::vector<std::string> overrides);
 
+// How many times `pattern` (a regular expression) matches in `text`.
+int CountMatches(const std::string& text, const std::string& pattern);
+
 // A process as /proc/PID/stat shows it.
 struct ProcessInfo {
   pid_t pid = -1;
