@@ -776,9 +776,10 @@ std::unique_ptr<ChildProcess> CtrunOnFakeGpus(const std::string& placement) {
 TEST_CASE("Workers all on GPU 0 are named once, with the idle GPUs",
           "[ctrun][gpu_watch][integration]") {
   auto c = CtrunOnFakeGpus("0,0,0,0");
-  REQUIRE(c->Wait(kWait) == 0);
+  const auto code = c->Wait(kWait);
   const std::string err = c->Stderr();
   INFO(err);
+  REQUIRE(code == 0);
   CHECK(CountMatches(
             err,
             "ctrun: ranks 0-3 all run on GPU 0; GPUs 1-3 are idle \xE2\x80\x94 "
@@ -793,9 +794,10 @@ TEST_CASE("Workers all on GPU 0 are named once, with the idle GPUs",
 TEST_CASE("Workers each on their own GPU are not named",
           "[ctrun][gpu_watch][integration]") {
   auto c = CtrunOnFakeGpus("0,1,2,3");
-  REQUIRE(c->Wait(kWait) == 0);
+  const auto code = c->Wait(kWait);
   const std::string err = c->Stderr();
   INFO(err);
+  REQUIRE(code == 0);
   CHECK(err.find("idle") == std::string::npos);
   CHECK(CountMatches(err,
                      "ctrun: rank 2: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "

@@ -12,8 +12,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -133,7 +133,7 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned* count,
     return 7;  // NVML_ERROR_INSUFFICIENT_SIZE
   }
   *count = static_cast<unsigned>(here.size());
-  std::memcpy(infos, here.data(), here.size() * sizeof(ProcessInfo));
+  std::copy(here.begin(), here.end(), infos);
   return 0;
 }
 
