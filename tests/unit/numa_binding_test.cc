@@ -3,6 +3,7 @@
 #include "launcher/numa_binding.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -16,14 +17,20 @@ namespace {
 // The synthetic machine, read the way ctrun reads a real one.
 const CpuTopology& Machine() {
   static const CpuTopology topology = [] {
+    // One file per process: ctest runs each case as its own process, in
+    // parallel, and hwloc silently reads the real machine when the file
+    // is gone.
     const std::string path =
-        std::filesystem::temp_directory_path() / "ctrun-numa-test.xml";
+        std::filesystem::temp_directory_path() /
+        ("ctrun-numa-test-" + std::to_string(getpid()) + ".xml");
     std::ofstream(path) << testing::TwoSocketsEightGpusXml();
     setenv("HWLOC_XMLFILE", path.c_str(), 1);
     auto t = LoadTopology();
     unsetenv("HWLOC_XMLFILE");
     std::filesystem::remove(path);
     REQUIRE(t.ok());
+    // hwloc reads the real machine instead when it cannot read the file.
+    REQUIRE(t->gpu_numa_nodes.size() == 8);
     return *t;
   }();
   return topology;
