@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "launcher/proc.h"
 #include "rendezvous/client.h"
 
 namespace ctrun::bench {
@@ -103,8 +104,8 @@ class DaemonProcess {
 
   // utime + stime in seconds, from /proc.
   double CpuSeconds() const {
-    std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
-    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const std::string stat =
+        ReadProcFile(absl::StrCat("/proc/", pid_, "/stat"));
     std::istringstream fields(stat.substr(stat.rfind(')') + 2));
     std::string f;
     long utime = 0, stime = 0;

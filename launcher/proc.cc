@@ -17,23 +17,6 @@
 namespace ctrun {
 namespace {
 
-// Up to `limit` bytes of a /proc file, or "" when the process is gone.
-// Plain read(2): a process that exits while we read makes it fail with
-// ESRCH, which std::ifstream turns into an exception.
-std::string ReadProcFile(const std::string& path, size_t limit) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  std::string text;
-  char buffer[4096];
-  while (text.size() < limit) {
-    const ssize_t n = read(fd, buffer, sizeof buffer);
-    if (n <= 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
-  return text;
-}
-
 // Calls `f(pid)` for every process in /proc.
 template <typename F>
 void ForEachProcess(F f) {
@@ -47,6 +30,20 @@ void ForEachProcess(F f) {
 }
 
 }  // namespace
+
+std::string ReadProcFile(const std::string& path, size_t limit) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  while (text.size() < limit) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
 
 std::vector<pid_t> ChildrenOf(pid_t parent) {
   std::vector<pid_t> children;

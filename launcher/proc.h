@@ -9,6 +9,11 @@
 
 namespace ctrun {
 
+// Up to `limit` bytes of the /proc file `path`, or "" when its process is
+// gone. Never throws: a process that exits while std::ifstream reads its
+// files makes the read fail with ESRCH, which libstdc++ throws.
+std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20);
+
 // The processes whose parent is `parent` now.
 std::vector<pid_t> ChildrenOf(pid_t parent);
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/proc.h"
 #include "rendezvous/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
@@ -61,12 +62,11 @@ std::vector<std::string> Lines(const std::string& text) {
 
 // Whether a process is gone (or a zombie nobody has reaped yet).
 bool Gone(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  const std::string text =
+      ReadProcFile("/proc/" + std::to_string(pid) + "/stat");
   const size_t paren = text.rfind(')');
-  return paren != std::string::npos && text.size() > paren + 2 &&
-         text[paren + 2] == 'Z';
+  return paren == std::string::npos ||
+         (text.size() > paren + 2 && text[paren + 2] == 'Z');
 }
 
 bool AllGoneWithin(const std::vector<pid_t>& pids, absl::Duration timeout) {

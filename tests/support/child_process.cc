@@ -18,6 +18,7 @@ extern char** environ;
 #include <sstream>
 
 #include "absl/time/clock.h"
+#include "launcher/proc.h"
 
 namespace ctrun::testing {
 
@@ -74,9 +75,7 @@ std::vector<ProcessInfo> AllProcesses() {
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in("/proc/" + name + "/stat");
-    const std::string stat((std::istreambuf_iterator<char>(in)),
-                           std::istreambuf_iterator<char>());
+    const std::string stat = ReadProcFile("/proc/" + name + "/stat");
     // The command is in parentheses, which it may itself contain.
     const size_t open = stat.find('('), close = stat.rfind(')');
     if (open == std::string::npos || close == std::string::npos) continue;
