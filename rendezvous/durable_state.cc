@@ -29,11 +29,17 @@ absl::string_view FsyncPolicyName(FsyncPolicy policy) {
 }
 
 DurableState::DurableState(std::unique_ptr<StateFiles> files,
-                           std::unique_ptr<Journal> journal, FsyncPolicy fsync)
-    : files_(std::move(files)), journal_(std::move(journal)), fsync_(fsync) {}
+                           std::unique_ptr<RecordLog> log, FsyncPolicy fsync)
+    : files_(std::move(files)), log_(std::move(log)), fsync_(fsync) {}
 
 absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(
     Options options, std::map<std::string, JournaledJob>* jobs) {
+  if (options.open_log) {
+    auto log = options.open_log(jobs);
+    if (!log.ok()) return log.status();
+    return std::unique_ptr<DurableState>(
+        new DurableState(nullptr, *std::move(log), options.fsync));
+  }
   std::unique_ptr<StateFiles> files = std::move(options.files);
   if (files == nullptr) files = NewPosixStateFiles();
   auto journal =
@@ -45,13 +51,13 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(
 
 absl::Status DurableState::Rewrite(
     const std::vector<v1::JournalRecord>& records) {
-  return journal_->Rewrite(records);
+  return log_->Rewrite(records);
 }
 
 void DurableState::MaybeCompact(
     const std::function<std::vector<v1::JournalRecord>()>& checkpoint) {
-  if (!journal_->WantsRewrite()) return;
-  if (auto s = journal_->Rewrite(checkpoint()); !s.ok()) {
+  if (!log_->WantsRewrite()) return;
+  if (auto s = log_->Rewrite(checkpoint()); !s.ok()) {
     spdlog::error("cannot compact the journal: {}", std::string(s.message()));
   }
 }
@@ -69,13 +75,13 @@ void DurableState::SaveJobs(const std::vector<std::string>& ids,
     } else {
       record.set_forget_job(id);
     }
-    if (auto s = journal_->Append(record); !s.ok()) {
+    if (auto s = log_->Append(record); !s.ok()) {
       spdlog::error("state of job {} not saved (tried again in a second): {}",
                     id, std::string(s.message()));
       unsaved_jobs_.insert(id);
     }
   }
-  if (auto s = journal_->Commit(fsync_ != FsyncPolicy::kNever); !s.ok()) {
+  if (auto s = log_->Commit(fsync_ != FsyncPolicy::kNever); !s.ok()) {
     spdlog::error("state of jobs not saved (tried again in a second): {}",
                   std::string(s.message()));
     unsaved_jobs_ = std::move(saving);
@@ -103,11 +109,11 @@ absl::Status DurableState::AppendStoreChange(
       key->set_deleted(true);
     }
   }
-  return journal_->Append(record);
+  return log_->Append(record);
 }
 
 absl::Status DurableState::Commit() {
-  return journal_->Commit(fsync_ != FsyncPolicy::kNever);
+  return log_->Commit(fsync_ != FsyncPolicy::kNever);
 }
 
 }  // namespace ctrun

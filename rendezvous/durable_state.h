@@ -1,5 +1,6 @@
-// DurableState: what `ctrund --state-dir` keeps on disk, between the service
-// and its journal (journal.h).
+// DurableState: what a durable ctrund keeps, between the service and its
+// record log: the journal of --state-dir (journal.h) or etcd (--etcd,
+// etcd_log.h).
 //
 // The service journals a store request's changes before anyone can see
 // them: it stages them in the KvStore, appends them here, and commits the
@@ -32,6 +33,7 @@
 #include "ctrun/v1/store.pb.h"
 #include "rendezvous/journal.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/record_log.h"
 #include "rendezvous/state_files.h"
 
 namespace ctrun {
@@ -45,17 +47,22 @@ absl::string_view FsyncPolicyName(FsyncPolicy policy);
 class DurableState {
  public:
   struct Options {
+    // The journal's directory; unused with `open_log`.
     std::string dir;
     FsyncPolicy fsync = FsyncPolicy::kBatch;
     bool repair = false;  // Journal::Options::repair
     // The files to use; the real ones when null.
     std::unique_ptr<StateFiles> files;
+    // When set, the records go to the log this opens instead of a journal
+    // in `dir` (ctrund --etcd).
+    RecordLogOpener open_log;
   };
   // A job's state now, or none once it has ended.
   using Snapshot =
       std::function<std::optional<v1::JobSnapshot>(const std::string& id)>;
 
-  // Opens the journal (Journal::Open) and reads its jobs into `*jobs`.
+  // Opens the log (Journal::Open or `open_log`) and reads its jobs into
+  // `*jobs`.
   static absl::StatusOr<std::unique_ptr<DurableState>> Open(
       Options options, std::map<std::string, JournaledJob>* jobs);
 
@@ -82,13 +89,16 @@ class DurableState {
   // Whether each store change must be committed on its own, before the
   // next one is applied (fsync=always).
   bool CommitsEachChange() const { return fsync_ == FsyncPolicy::kAlways; }
+  // Whether a store change of about `bytes` still fits in the next commit
+  // (RecordLog::HasRoomFor); when not, commit first.
+  bool HasRoomFor(size_t bytes) const { return log_->HasRoomFor(bytes); }
 
  private:
   DurableState(std::unique_ptr<StateFiles> files,
-               std::unique_ptr<Journal> journal, FsyncPolicy fsync);
+               std::unique_ptr<RecordLog> log, FsyncPolicy fsync);
 
-  const std::unique_ptr<StateFiles> files_;
-  const std::unique_ptr<Journal> journal_;
+  const std::unique_ptr<StateFiles> files_;  // of a journal; null otherwise
+  const std::unique_ptr<RecordLog> log_;
   const FsyncPolicy fsync_;
   std::set<std::string> unsaved_jobs_;
 };

@@ -22,15 +22,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ctrun/v1/journal.pb.h"
+#include "rendezvous/record_log.h"
 #include "rendezvous/state_files.h"
 
 namespace ctrun {
-
-// A job as the journal's records leave it.
-struct JournaledJob {
-  v1::JobSnapshot snapshot;
-  std::map<std::string, std::string> keys;  // of snapshot.round()
-};
 
 // One record as it is stored: length, CRC-32 and bytes.
 std::string FrameRecord(const v1::JournalRecord& record);
@@ -64,7 +59,7 @@ struct JournalContents {
 // next offset where a whole record starts.
 JournalContents ReadJournal(absl::string_view bytes);
 
-class Journal {
+class Journal : public RecordLog {
  public:
   struct Options {
     std::string dir;
@@ -81,23 +76,25 @@ class Journal {
   // meaning when DIR cannot be used.
   static absl::StatusOr<std::unique_ptr<Journal>> Open(
       const Options& options, std::map<std::string, JournaledJob>* jobs);
-  ~Journal();
+  ~Journal() override;
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
 
   // Appends one record, not yet synced. On failure the journal is as it
   // was before the call.
-  absl::Status Append(const v1::JournalRecord& record);
+  absl::Status Append(const v1::JournalRecord& record) override;
   // Ends the records appended since the last Commit; with `sync`, returns
   // once they are on disk. When the sync fails they are removed (their
   // changes must be refused) and the error is returned.
-  absl::Status Commit(bool sync);
+  absl::Status Commit(bool sync) override;
   // Replaces the journal by `records`, atomically (a new file, synced, then
   // renamed over the old one).
-  absl::Status Rewrite(const std::vector<v1::JournalRecord>& records);
+  absl::Status Rewrite(const std::vector<v1::JournalRecord>& records) override;
   // Whether the journal has grown enough since the last Rewrite to be worth
   // rewriting.
-  bool WantsRewrite() const;
+  bool WantsRewrite() const override;
+  // A file has room for any record.
+  bool HasRoomFor(size_t) const override { return true; }
 
   std::string path() const { return dir_ + "/journal"; }
 

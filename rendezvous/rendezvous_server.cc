@@ -96,6 +96,13 @@ class RendezvousServer::Impl {
   absl::StatusOr<Access> Authorize(grpc::CallbackServerContext* ctx,
                                    const char* method) const;
   absl::Status CheckMunge(const std::string& credential) const;
+  // Whether requests may be served now (ServerOptions::may_serve).
+  bool Serving() const { return !options_.may_serve || options_.may_serve(); }
+  static absl::Status SteppingDown() {
+    return absl::UnavailableError(
+        "this ctrund is stepping down (its etcd lease may have lapsed); "
+        "another replica takes over");
+  }
 
   // Sessions.
   std::shared_ptr<SessionReactor> NewSession(grpc::CallbackServerContext* ctx);
@@ -435,6 +442,7 @@ void Impl::Shutdown() {
 
 absl::StatusOr<Access> Impl::Authorize(grpc::CallbackServerContext* ctx,
                                        const char* method) const {
+  if (!Serving()) return SteppingDown();
   if (options_.token.empty() && !options_.munge) return Access{};
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find(kAuthMetadataKey);
@@ -513,6 +521,8 @@ std::shared_ptr<SessionReactor> Impl::NewSession(
 
 void Impl::OnSessionMessage(SessionId id, const Access& access,
                             const v1::AgentMessage& message) {
+  // Unanswered: the service is about to end every session.
+  if (!Serving()) return;
   Delivery delivery;
   {
     absl::MutexLock lock(&mu_);
@@ -549,14 +559,23 @@ void Impl::OnSessionDone(SessionId id) {
 }
 
 absl::Status Impl::RestoreLocked() {
-  if (options_.state_dir.empty()) return absl::OkStatus();
-  auto files = StateFilesFromEnvironment();
-  if (!files.ok()) return files.status();
+  if (options_.state_dir.empty() && !options_.state_log) {
+    return absl::OkStatus();
+  }
+  DurableState::Options durable_options{options_.state_dir, options_.fsync,
+                                        options_.repair_state_dir};
+  const std::string where = options_.state_log
+                                ? std::string("etcd")
+                                : absl::StrCat(options_.state_dir, "/journal");
+  if (options_.state_log) {
+    durable_options.open_log = options_.state_log;
+  } else {
+    auto files = StateFilesFromEnvironment();
+    if (!files.ok()) return files.status();
+    durable_options.files = *std::move(files);
+  }
   std::map<std::string, JournaledJob> jobs;
-  auto durable =
-      DurableState::Open({options_.state_dir, options_.fsync,
-                          options_.repair_state_dir, *std::move(files)},
-                         &jobs);
+  auto durable = DurableState::Open(std::move(durable_options), &jobs);
   if (!durable.ok()) return durable.status();
   const absl::Time now = MonotonicNow();
   size_t nodes = 0;
@@ -566,8 +585,8 @@ absl::Status Impl::RestoreLocked() {
     if (auto s =
             core_.Restore(job.snapshot, keys, options_.reconnect_grace, now);
         !s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot restore ", options_.state_dir, "/journal: ", s.message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot restore ", where, ": ", s.message()));
     }
     nodes += job.snapshot.members_size();
     spdlog::info("restored job {} at round {} ({}) with {} keys", id,
@@ -579,8 +598,9 @@ absl::Status Impl::RestoreLocked() {
   if (auto s = durable_->Rewrite(core_.Checkpoint()); !s.ok()) return s;
   spdlog::info(
       "state in {} (fsync {}): {} jobs restored, {} nodes have {} to resume",
-      options_.state_dir, std::string(FsyncPolicyName(options_.fsync)),
-      jobs.size(), nodes, absl::FormatDuration(options_.reconnect_grace));
+      options_.state_log ? where : options_.state_dir,
+      std::string(FsyncPolicyName(options_.fsync)), jobs.size(), nodes,
+      absl::FormatDuration(options_.reconnect_grace));
   return absl::OkStatus();
 }
 
@@ -673,6 +693,14 @@ void Impl::LogEffectsLocked(const Effects& effects) {
 
 void Impl::ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                         const v1::StoreRequest& request) {
+  if (!Serving()) {
+    v1::StoreResponse response;
+    response.set_id(request.id());
+    response.set_code(static_cast<int32_t>(absl::StatusCode::kUnavailable));
+    response.set_message(std::string(SteppingDown().message()));
+    pipe->Reply(std::move(response));
+    return;
+  }
   if (!pipe->access().Allows(request.scope().job_id())) {
     spdlog::warn("refused a store request for job {}: the token is for {}",
                  request.scope().job_id(), *pipe->access().job);
@@ -715,8 +743,12 @@ void Impl::RunStoreBatchLocked(std::vector<QueuedStoreRequest>& queued,
   StoreBatch batch;
   for (auto& q : queued) {
     const bool mutation = IsStoreMutation(q.request);
-    // A read sees only what is committed.
-    if (!mutation) CommitLocked(&batch, delivery);
+    // A read sees only what is committed; a change that would not fit in
+    // the log's next commit goes into one of its own.
+    if (!mutation ||
+        (durable_ && !durable_->HasRoomFor(q.request.ByteSizeLong()))) {
+      CommitLocked(&batch, delivery);
+    }
     ApplyStoreLocked(q, &batch, delivery);
     if (mutation && (!durable_ || durable_->CommitsEachChange())) {
       CommitLocked(&batch, delivery);

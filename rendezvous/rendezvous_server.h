@@ -12,6 +12,7 @@
 #ifndef CTRUN_RENDEZVOUS_RENDEZVOUS_SERVER_H_
 #define CTRUN_RENDEZVOUS_RENDEZVOUS_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,13 @@ struct ServerOptions {
   // (journal.h) and restored by the next service started with it: agents
   // resume without restarting their workers.
   std::string state_dir;
+  // Instead of a state directory: the log that keeps them, restored from
+  // when the service starts (ctrund --etcd, etcd_log.h).
+  RecordLogOpener state_log;
+  // When set, asked before each request is served: false refuses it with
+  // UNAVAILABLE (a ctrund whose etcd lease may have lapsed; it steps down
+  // on its own).
+  std::function<bool()> may_serve;
   // When store changes and job states are synced (durable_state.h).
   FsyncPolicy fsync = FsyncPolicy::kBatch;
   // Start from a journal damaged before its end (Journal::Options::repair).
