@@ -53,8 +53,9 @@ constexpr FlagSpec kFlags[] = {
      "Intel GPU, one per CPU, or GPUs if any, else XPUs, else CPUs"},
     {"rdzv_backend", 0, Kind::kValue, "static", "static|c10d|ctrun",
      "rendezvous backend"},
-    {"rdzv_endpoint", 0, Kind::kValue, "", "HOST[:PORT]",
-     "where the rendezvous is served (default port 29400)"},
+    {"rdzv_endpoint", 0, Kind::kValue, "", "HOST[:PORT][,HOST[:PORT]...]",
+     "where the rendezvous is served (default port 29400); a list names "
+     "the replicas of a ctrund on etcd, tried in order"},
     {"rdzv_id", 0, Kind::kValue, "none", "ID",
      "the job's id, the same on all its nodes (one node: a fresh one when "
      "none)"},
@@ -658,9 +659,11 @@ absl::Status ConvertRendezvous(Raw& raw, LaunchOptions& o) {
   }
   o.rdzv_backend = backend == "ctrun" ? "c10d" : backend;
   if (const auto& v = raw["rdzv_endpoint"]; !v.text.empty()) {
-    auto ep = ParseEndpoint(v.text, 29400);
-    if (!ep.ok()) return BadValue(raw, "rdzv_endpoint", ep.status().message());
-    o.rdzv_endpoint = ep->ToString();
+    auto eps = ParseEndpointList(v.text, 29400);
+    if (!eps.ok()) {
+      return BadValue(raw, "rdzv_endpoint", eps.status().message());
+    }
+    o.rdzv_endpoint = JoinEndpoints(*eps);
   }
   const auto& id = raw["rdzv_id"];
   if (auto s = CheckJobId(id.text); !s.ok()) {

@@ -258,14 +258,14 @@ absl::StatusOr<Rendezvous> ReachRendezvous(const LaunchOptions& options,
     if (!hosted.ok()) return hosted.status();
     server = std::move(*hosted);
   }
-  if (!server) {
+  if (!server && plan.endpoints.size() == 1) {
     // A hosting agent started at the same moment listens within
     // milliseconds; gRPC would retry a refused connection only after 100.
     // Beyond a second the session's own wait takes over.
     WaitUntilListening(plan.endpoint, absl::Seconds(1));
   }
   const std::string endpoint =
-      server ? server->endpoint().ToString() : plan.endpoint.ToString();
+      server ? server->endpoint().ToString() : JoinEndpoints(plan.endpoints);
   ConnectionOptions connection_options;
   connection_options.endpoint = endpoint;
   connection_options.token = credentials.token;

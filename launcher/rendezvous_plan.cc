@@ -157,15 +157,33 @@ absl::StatusOr<RendezvousPlan> PlanRendezvous(
     plan.host = true;
     plan.host_reason = "a single node";
     plan.endpoint = Endpoint{"127.0.0.1", 0};
+    plan.endpoints = {plan.endpoint};
     plan.address = o.local_addr.empty() ? "127.0.0.1" : o.local_addr;
     plan.auth = DecideAuth(o, env, plan);
     return plan;
   }
-  auto ep = ParseEndpoint(o.rdzv_endpoint, 29400);
-  if (!ep.ok()) return ep.status();
-  plan.endpoint = *ep;
-  std::tie(plan.host, plan.host_reason) =
-      DecideHost(o, *ep, hostname, &plan.inferred);
+  auto eps = ParseEndpointList(o.rdzv_endpoint, 29400);
+  if (!eps.ok()) return eps.status();
+  plan.endpoints = *eps;
+  plan.endpoint = eps->front();
+  const Endpoint* ep = &plan.endpoint;
+  if (eps->size() > 1) {
+    // Only ctrund replicas share a rendezvous; an agent hosts one alone.
+    if (o.is_host.value_or(false) || o.rdzv_backend == "static") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rdzv_endpoint=", o.rdzv_endpoint,
+          " lists several endpoints, which name the replicas of a ctrund "
+          "on etcd; ",
+          o.rdzv_backend == "static"
+              ? "a static rendezvous is hosted by node 0 at one endpoint"
+              : "an agent (--rdzv_conf is_host=1) hosts one endpoint only"));
+    }
+    plan.host = false;
+    plan.host_reason = "several endpoints: ctrund replicas on etcd";
+  } else {
+    std::tie(plan.host, plan.host_reason) =
+        DecideHost(o, *ep, hostname, &plan.inferred);
+  }
   if (!o.local_addr.empty()) {
     plan.address = o.local_addr;
   } else {

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "launcher/launch_options.h"
@@ -16,6 +17,9 @@ namespace ctrun {
 struct RendezvousPlan {
   bool host = false;  // serve the rendezvous in this process
   Endpoint endpoint;  // where it is (port 0: pick one; standalone only)
+  // Every endpoint given: `endpoint` alone, or the replicas of a ctrund on
+  // etcd, which clients try in order.
+  std::vector<Endpoint> endpoints;
   // Whether hosting was inferred from addresses (not decided by is_host, a
   // static node rank or Slurm's node id): if the port is taken, another
   // agent here hosts it, so join.

@@ -15,12 +15,16 @@
 namespace ctrun {
 
 absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
-  auto endpoint = ParseEndpoint(options.endpoint);
-  if (!endpoint.ok()) return endpoint.status();
-  if (endpoint->port == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "endpoint '", options.endpoint, "' needs a port other than 0"));
+  auto endpoints = ParseEndpointList(options.endpoint);
+  if (!endpoints.ok()) return endpoints.status();
+  for (const Endpoint& e : *endpoints) {
+    if (e.port == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "endpoint '", e.ToString(), "' needs a port other than 0"));
+    }
   }
+  auto target = ChannelTarget(*endpoints);
+  if (!target.ok()) return target.status();
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
@@ -51,7 +55,7 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
 
   Connection c;
-  c.endpoint_ = endpoint->ToString();
+  c.endpoint_ = JoinEndpoints(*endpoints);
   c.token_ = options.token;
   if (options.munge && options.token.empty()) {
     // Fails here, with munge's reason, rather than on every call.
@@ -60,7 +64,7 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
     if (!probe.ok()) return probe.status();
     c.munge_ = options.munge;
   }
-  c.channel_ = grpc::CreateCustomChannel(c.endpoint_, credentials, args);
+  c.channel_ = grpc::CreateCustomChannel(*target, credentials, args);
   return c;
 }
 

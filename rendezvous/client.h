@@ -28,8 +28,11 @@
 namespace ctrun {
 
 struct ConnectionOptions {
-  std::string endpoint;  // HOST:PORT
-  std::string token;     // sent with every call when non-empty
+  // HOST:PORT, or HOST:PORT,HOST:PORT,... for the replicas of a ctrund on
+  // etcd: calls go to the first that accepts connections (only the leader
+  // listens), and move on to the next when it goes away.
+  std::string endpoint;
+  std::string token;  // sent with every call when non-empty
   // When set (and no token), every call carries a fresh munge credential
   // for the job.
   std::optional<MungeAuth> munge;
@@ -47,6 +50,7 @@ struct ConnectionOptions {
 class Connection {
  public:
   // INVALID_ARGUMENT for a malformed endpoint or unreadable CA file;
+  // NOT_FOUND for a host of an endpoint list that does not resolve;
   // UNAVAILABLE when munge is asked for and does not work here. Does not
   // connect: the first call does.
   static absl::StatusOr<Connection> Open(const ConnectionOptions& options);

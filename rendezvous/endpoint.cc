@@ -87,6 +87,75 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text,
   return ep;
 }
 
+absl::StatusOr<std::vector<Endpoint>> ParseEndpointList(
+    absl::string_view text, std::optional<int> default_port) {
+  std::vector<Endpoint> endpoints;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    if (part.empty() && text.find(',') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "endpoint list '", text,
+          "' has an empty entry; expected HOST:PORT,HOST:PORT,..."));
+    }
+    auto endpoint = ParseEndpoint(part, default_port);
+    if (!endpoint.ok()) return endpoint.status();
+    for (const Endpoint& seen : endpoints) {
+      if (seen.host == endpoint->host && seen.port == endpoint->port) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("endpoint list '", text, "' names ",
+                         endpoint->ToString(), " twice"));
+      }
+    }
+    endpoints.push_back(*std::move(endpoint));
+  }
+  return endpoints;
+}
+
+std::string JoinEndpoints(const std::vector<Endpoint>& endpoints) {
+  std::string out;
+  for (const Endpoint& e : endpoints) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", e.ToString());
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ChannelTarget(
+    const std::vector<Endpoint>& endpoints) {
+  if (endpoints.size() == 1) return endpoints[0].ToString();
+  std::string addresses;
+  int family = AF_UNSPEC;
+  for (const Endpoint& e : endpoints) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(e.host.c_str(), nullptr, &hints, &found) != 0 ||
+        found == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "endpoint ", e.ToString(), ": host '", e.host, "' does not resolve"));
+    }
+    char text[INET6_ADDRSTRLEN] = {};
+    const int this_family = found->ai_family;
+    if (this_family == AF_INET) {
+      inet_ntop(AF_INET,
+                &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text,
+                sizeof text);
+    } else {
+      inet_ntop(AF_INET6,
+                &reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr,
+                text, sizeof text);
+    }
+    freeaddrinfo(found);
+    if (family != AF_UNSPEC && family != this_family) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "endpoint list '", JoinEndpoints(endpoints),
+          "' mixes IPv4 and IPv6 addresses; give addresses of one family"));
+    }
+    family = this_family;
+    absl::StrAppend(&addresses, addresses.empty() ? "" : ",",
+                    Endpoint{text, e.port}.ToString());
+  }
+  return absl::StrCat(family == AF_INET ? "ipv4:" : "ipv6:", addresses);
+}
+
 absl::Status ValidateHost(absl::string_view host) {
   auto bad = [](absl::string_view why) {
     return absl::InvalidArgumentError(why);

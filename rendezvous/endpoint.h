@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -23,6 +24,24 @@ struct Endpoint {
 // INVALID_ARGUMENT, naming the text and the accepted form, otherwise.
 absl::StatusOr<Endpoint> ParseEndpoint(
     absl::string_view text, std::optional<int> default_port = std::nullopt);
+
+// Parses "HOST:PORT[,HOST:PORT...]" (replicas of one service, tried in
+// order): each as ParseEndpoint does; INVALID_ARGUMENT naming the bad one,
+// an empty entry, or one named twice.
+absl::StatusOr<std::vector<Endpoint>> ParseEndpointList(
+    absl::string_view text, std::optional<int> default_port = std::nullopt);
+
+// "HOST:PORT,HOST:PORT", as ParseEndpointList reads it.
+std::string JoinEndpoints(const std::vector<Endpoint>& endpoints);
+
+// The gRPC target for a channel to `endpoints`: "HOST:PORT" for one (DNS
+// resolves it, and tries every address of a name); for several, gRPC's
+// "ipv4:"/"ipv6:" address list, each host resolved now to its first
+// address, which a channel's pick_first policy tries in order until one
+// accepts. NOT_FOUND naming a host that does not resolve; INVALID_ARGUMENT
+// when the list mixes IPv4 and IPv6 (gRPC takes one family per list).
+absl::StatusOr<std::string> ChannelTarget(
+    const std::vector<Endpoint>& endpoints);
 
 // OK when `host` is an IPv4 address (four numbers 0..255), an IPv6 address
 // (without brackets, optionally with a %scope), or a host name (dot-separated
