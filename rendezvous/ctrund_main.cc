@@ -3,20 +3,25 @@
 // The daemon's first line on stdout is "ctrund listening on HOST:PORT" (with
 // the real port when --listen asked for port 0), so scripts and tests can
 // read where it is. Logs go to stderr. SIGTERM or SIGINT end it cleanly.
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/etcd_replica.h"
 #include "rendezvous/grpc_log.h"
 #include "rendezvous/job_settings.h"
 #include "rendezvous/rendezvous_server.h"
@@ -71,6 +76,13 @@ struct DaemonFlags {
   double reconnect_grace_s =
       absl::ToDoubleSeconds(ServerOptions{}.reconnect_grace);
   std::string log_level = "info";
+  // Replicas on etcd.
+  std::string etcd;
+  std::string etcd_prefix = "/ctrund/";
+  double etcd_lease_ttl_s = 5;
+  std::string etcd_cacert, etcd_cert, etcd_key;
+  int64_t etcd_max_request_bytes = 1536 << 10;  // etcd's own default
+  std::string advertise;
 };
 
 struct StatusFlags {
@@ -79,7 +91,146 @@ struct StatusFlags {
   std::string tls_ca, tls_server_name;
   std::string job;
   bool json = false;
+  std::string etcd;
+  std::string etcd_prefix = "/ctrund/";
+  std::string etcd_cacert, etcd_cert, etcd_key;
 };
+
+// argv, for a replica that steps down to start itself again.
+char** saved_argv = nullptr;
+
+// Ends leadership the only certain way: this process image goes, with every
+// session and stream it served, and the same command starts again as a
+// standby (same pid; a supervisor sees nothing).
+[[noreturn]] void StepDown(const std::string& why) {
+  spdlog::error("stepping down: {}; starting again as a standby", why);
+  spdlog::default_logger()->flush();
+  // The listening socket and every connection must close, whether or not
+  // gRPC marked them close-on-exec. Marked, not closed here: gRPC's threads
+  // still run and abort on a descriptor closed under them.
+  for (int fd = 3; fd < 65536; ++fd) {
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+  execv("/proc/self/exe", saved_argv);
+  std::perror("ctrund: cannot start again");
+  _exit(1);
+}
+
+// Checks the --etcd flags; fills the replica's options.
+absl::Status ReplicaOptionsFrom(const DaemonFlags& flags,
+                                const Endpoint& listen, ServerOptions* server,
+                                ReplicaOptions* replica) {
+  if (!flags.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--state-dir and --etcd exclude each other: with --etcd the state "
+        "lives in etcd");
+  }
+  if (listen.port == 0) {
+    return absl::InvalidArgumentError(
+        "--listen needs a fixed port with --etcd: clients list the "
+        "replicas' addresses");
+  }
+  if (flags.etcd_prefix.empty() || flags.etcd_prefix.back() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd-prefix '", flags.etcd_prefix,
+                     "' must end with '/', e.g. /ctrund/ or /team-a/ctrund/"));
+  }
+  if (!(flags.etcd_lease_ttl_s >= 2 && flags.etcd_lease_ttl_s <= 300)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-lease-ttl ", flags.etcd_lease_ttl_s,
+        " must be a number of seconds in [2, 300] (etcd's shortest lease "
+        "is about 2 s)"));
+  }
+  constexpr int64_t kRoom = 64 << 10;  // for keys and the transaction
+  if (flags.etcd_max_request_bytes < 2 * kRoom ||
+      flags.etcd_max_request_bytes > (int64_t{2} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd-max-request-bytes ", flags.etcd_max_request_bytes,
+                     " must be in ", 2 * kRoom, "..", int64_t{2} << 30));
+  }
+  if (flags.max_value_bytes + kRoom > flags.etcd_max_request_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-value-bytes ", flags.max_value_bytes,
+        " does not fit in one etcd request of --etcd-max-request-bytes ",
+        flags.etcd_max_request_bytes,
+        " (etcd's --max-request-bytes); lower it, or raise both"));
+  }
+  // A store request must fit in one etcd write.
+  server->max_message_bytes =
+      static_cast<size_t>(flags.etcd_max_request_bytes - kRoom / 2);
+  replica->etcd.endpoints = flags.etcd;
+  replica->etcd.ca_file = flags.etcd_cacert;
+  replica->etcd.cert_file = flags.etcd_cert;
+  replica->etcd.key_file = flags.etcd_key;
+  replica->prefix = flags.etcd_prefix;
+  replica->lease_ttl = absl::Seconds(flags.etcd_lease_ttl_s);
+  if (!flags.advertise.empty()) {
+    auto advertised = ParseEndpoint(flags.advertise);
+    if (!advertised.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--advertise: ", advertised.status().message()));
+    }
+    replica->address = advertised->ToString();
+  } else if (listen.host == "0.0.0.0" || listen.host == "::") {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    replica->address = Endpoint{host, listen.port}.ToString();
+  } else {
+    replica->address = listen.ToString();
+  }
+  replica->step_down = StepDown;
+  return absl::OkStatus();
+}
+
+// One replica of a ctrund on etcd: stands by until it leads, then serves
+// until a signal (handing leadership over) or until it must step down.
+int RunReplica(const DaemonFlags& flags, ServerOptions options,
+               ReplicaOptions replica_options, const sigset_t& stop_signals) {
+  auto replica = EtcdReplica::Create(std::move(replica_options));
+  if (!replica.ok()) {
+    return Fail(absl::StrCat("--etcd: ", replica.status().message()),
+                kUsageError);
+  }
+  const std::string listen = options.listen.ToString();
+  std::printf("ctrund standing by to serve %s (etcd %s)\n", listen.c_str(),
+              (*replica)->client().endpoints().c_str());
+  std::fflush(stdout);
+  absl::Notification stop;
+  std::unique_ptr<RendezvousServer> server;
+  absl::Mutex server_mu;
+  std::thread leader([&] {
+    if (!(*replica)->Campaign(&stop)) return;
+    options.state_log = (*replica)->LogOpener(
+        static_cast<size_t>(flags.etcd_max_request_bytes));
+    options.may_serve = [r = replica->get()] { return r->MayServe(); };
+    auto started = RendezvousServer::Start(std::move(options));
+    if (!started.ok()) {
+      absl::SleepFor(absl::Seconds(1));  // not a hot loop when etcd fails
+      StepDown(absl::StrCat("cannot serve: ", started.status().message()));
+    }
+    absl::MutexLock lock(&server_mu);
+    server = *std::move(started);
+    std::printf("ctrund listening on %s\n",
+                server->endpoint().ToString().c_str());
+    std::fflush(stdout);
+    spdlog::info("serving on {}{}{}", server->endpoint().ToString(),
+                 flags.token_file.empty() ? ", no token" : ", token required",
+                 flags.tls_cert.empty() ? "" : ", TLS");
+  });
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("stopping on {}", strsignal(signal_number));
+  stop.Notify();
+  leader.join();
+  absl::MutexLock lock(&server_mu);
+  if (server) {
+    server->Shutdown();
+    (*replica)->Resign();
+  }
+  spdlog::info("stopped");
+  return 0;
+}
 
 int RunDaemon(const DaemonFlags& flags) {
   auto level = spdlog::level::from_str(flags.log_level);
@@ -148,6 +299,13 @@ int RunDaemon(const DaemonFlags& flags) {
   }
   options.state_dir = flags.state_dir;
   options.reconnect_grace = absl::Seconds(flags.reconnect_grace_s);
+  ReplicaOptions replica;
+  if (!flags.etcd.empty()) {
+    if (auto s = ReplicaOptionsFrom(flags, *listen, &options, &replica);
+        !s.ok()) {
+      return Fail(std::string(s.message()), kUsageError);
+    }
+  }
 
   auto logger = spdlog::stderr_color_mt("ctrund");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [ctrund] [%l] %v");
@@ -164,6 +322,10 @@ int RunDaemon(const DaemonFlags& flags) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  if (!flags.etcd.empty()) {
+    return RunReplica(flags, std::move(options), std::move(replica),
+                      stop_signals);
+  }
   auto server = RendezvousServer::Start(std::move(options));
   if (!server.ok()) return Fail(std::string(server.status().message()));
   std::printf("ctrund listening on %s\n",
@@ -237,6 +399,7 @@ int RunStatus(const StatusFlags& flags) {
 
 int main(int argc, char** argv) {
   using namespace ctrun;
+  saved_argv = argv;
   // Debian's Abseil checks every lock order at run time, which costs more
   // than the locking itself with thousands of sessions; tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -288,6 +451,34 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", daemon.log_level,
                  "trace, debug, info, warn, error or off")
       ->capture_default_str();
+  app.add_option("--etcd", daemon.etcd,
+                 "HOST:PORT[,HOST:PORT...] of etcd (v3 API): run as one of "
+                 "several replicas that keep the state in etcd; one leads "
+                 "and serves, the others stand by and take over when it is "
+                 "lost (clients list every replica: --rdzv_endpoint="
+                 "h1:29400,h2:29400,h3:29400)");
+  app.add_option("--etcd-prefix", daemon.etcd_prefix,
+                 "etcd key prefix of this deployment, so that several can "
+                 "share one etcd")
+      ->capture_default_str();
+  app.add_option("--etcd-lease-ttl", daemon.etcd_lease_ttl_s,
+                 "seconds a leader's etcd lease lasts unrenewed: a standby "
+                 "takes over about this long after the leader is lost, and "
+                 "a leader that cannot renew stops serving after two thirds "
+                 "of it")
+      ->capture_default_str();
+  app.add_option("--etcd-cacert", daemon.etcd_cacert,
+                 "PEM CA to verify etcd with (TLS to etcd)");
+  app.add_option("--etcd-cert", daemon.etcd_cert,
+                 "PEM client certificate for etcd");
+  app.add_option("--etcd-key", daemon.etcd_key, "PEM client key for etcd");
+  app.add_option("--etcd-max-request-bytes", daemon.etcd_max_request_bytes,
+                 "the largest request etcd accepts (etcd's "
+                 "--max-request-bytes); bounds store requests")
+      ->capture_default_str();
+  app.add_option("--advertise", daemon.advertise,
+                 "HOST:PORT at which clients reach this replica, as "
+                 "`ctrund status` shows the leader (default: --listen)");
 
   StatusFlags status;
   CLI::App* status_cmd = app.add_subcommand(

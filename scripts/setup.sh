@@ -16,11 +16,14 @@ PACKAGES=(
   gdb
   # --numa_binding: CPU and memory locality of each worker's GPU.
   libhwloc-dev
+  # ctrund replicas on etcd: the tests run a private 3-member etcd.
+  etcd-server
   # The Slurm end-to-end tests run a private Slurm with munge.
   slurmctld slurmd slurm-client munge libmunge-dev
 )
 case "${1:-}" in
-  --bench) PACKAGES+=(gnuplot-nox) ;;
+  # torchrun's etcd-v2 rendezvous, the peer of ctrund on etcd.
+  --bench) PACKAGES+=(gnuplot-nox python3-etcd) ;;
   --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev) ;;
 esac
 

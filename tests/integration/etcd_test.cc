@@ -1,0 +1,271 @@
+// ctrund replicas on a real etcd: a 3-member etcd cluster on loopback, two
+// ctrund replicas against it, and real agents (ctrun) for nodes on their
+// own loopback addresses that list both replicas.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "rendezvous/client.h"
+#include "rendezvous/endpoint.h"
+#include "rendezvous/etcd_log.h"
+#include "rendezvous/etcd_replica.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+#include "tests/support/etcd_cluster.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+constexpr const char* kJob = "ha";
+
+int FreePort() {
+  auto port = BindFreePort("127.0.0.1");
+  REQUIRE(port.ok());
+  return *port;
+}
+
+// Two replicas with lease `ttl_s`, the first leading.
+struct Replicas {
+  explicit Replicas(const EtcdCluster& etcd, int ttl_s) {
+    const std::vector<std::string> extra = {"--etcd-lease-ttl",
+                                            std::to_string(ttl_s)};
+    first = std::make_unique<Replica>(FreePort(), etcd.endpoints(), extra);
+    INFO(first->process().Stderr());
+    REQUIRE(first->WaitLeading(kWait));
+    second = std::make_unique<Replica>(FreePort(), etcd.endpoints(), extra);
+    REQUIRE(second->process().StderrContains(
+        "standing by; the leader is " + first->endpoint(), kWait));
+    endpoints = first->endpoint() + "," + second->endpoint();
+  }
+  Connection Connect() const {
+    ConnectionOptions options;
+    options.endpoint = endpoints;
+    auto connection = Connection::Open(options);
+    REQUIRE(connection.ok());
+    return *connection;
+  }
+  std::unique_ptr<Replica> first, second;
+  std::string endpoints;
+};
+
+// The file whose existence ends the workers' loop.
+struct DoneFile {
+  const std::string path = std::filesystem::temp_directory_path() /
+                           absl::StrCat("ctrun-etcd-done-", getpid());
+  DoneFile() { std::filesystem::remove(path); }
+  ~DoneFile() { std::filesystem::remove(path); }
+  void Touch() const { std::ofstream(path) << ""; }
+};
+
+// One agent on 127.0.0.<n>; its workers print who they are, then wait for
+// `done`.
+std::unique_ptr<ChildProcess> Node(int n, const std::string& endpoints,
+                                   int nnodes, const DoneFile& done) {
+  return std::make_unique<ChildProcess>(std::vector<std::string>{
+      CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
+      absl::StrCat("--nnodes=", nnodes), "--nproc_per_node=1",
+      "--max_restarts=1", "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoints,
+      absl::StrCat("--rdzv_id=", kJob), "--rdzv_conf=last_call_timeout=1",
+      "/bin/sh", "-c",
+      absl::StrCat("echo \"world=$WORLD_SIZE pid=$$ "
+                   "restart=$TORCHELASTIC_RESTART_COUNT\"; "
+                   "while [ ! -e ",
+                   done.path, " ]; do sleep 0.05; done")});
+}
+
+pid_t WorkerPid(const std::string& line) {
+  std::smatch m;
+  REQUIRE(std::regex_search(line, m, std::regex("pid=([0-9]+)")));
+  return std::stoi(m[1]);
+}
+
+// Starts `count` nodes (127.0.0.2...) and returns their workers' pids.
+std::vector<pid_t> StartJob(const std::string& endpoints, int count,
+                            const DoneFile& done,
+                            std::vector<std::unique_ptr<ChildProcess>>* nodes) {
+  for (int n = 0; n < count; ++n) {
+    nodes->push_back(Node(n + 2, endpoints, count, done));
+  }
+  std::vector<pid_t> pids;
+  for (auto& node : *nodes) {
+    auto line = node->WaitForLine(absl::StrCat("world=", count), kWait);
+    INFO(node->Stderr());
+    REQUIRE(line);
+    pids.push_back(WorkerPid(*line));
+  }
+  return pids;
+}
+
+bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+TEST_CASE(
+    "A standby takes over a killed leader within the lease TTL and a second; "
+    "the job keeps its workers, keys and round, and restarts under it",
+    "[etcd][integration]") {
+  EtcdCluster etcd(3);
+  Replicas replicas(etcd, 2);
+  DoneFile done;
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  const std::vector<pid_t> workers =
+      StartJob(replicas.endpoints, 3, done, &nodes);
+  StoreClient kept(replicas.Connect(), kJob, 0);
+  REQUIRE(kept.Set("checkpoint", "step-1200").ok());
+  REQUIRE(kept.Add("counter", 5).ok());
+
+  const absl::Time killed = absl::Now();
+  replicas.first->process().Signal(SIGKILL);
+  REQUIRE(replicas.second->WaitLeading(kWait));
+  const absl::Duration takeover = absl::Now() - killed;
+  INFO(replicas.second->process().Stderr());
+  WARN("takeover after kill -9 of the leader: "
+       << absl::FormatDuration(takeover));
+  CHECK(takeover <= absl::Seconds(2 + 1));
+
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->StderrContains("resumed with the rendezvous", kWait));
+  }
+  for (pid_t pid : workers) CHECK(Alive(pid));
+  // The same client, its requests resent to the new leader.
+  auto checkpoint = kept.Get("checkpoint");
+  REQUIRE(checkpoint.ok());
+  CHECK(*checkpoint == "step-1200");
+  CHECK(*kept.Add("counter", 1) == 6);
+  auto job = AdminClient(replicas.Connect()).DescribeJob(kJob);
+  REQUIRE(job.ok());
+  CHECK(job->round() == 0);
+  CHECK(job->restart_count() == 0);
+  CHECK(replicas.second->process().StderrContains("1 jobs restored", kWait));
+
+  // A worker failure restarts the job under the new leader.
+  kill(workers[1], SIGKILL);
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->WaitForLine("restart=1", kWait));
+  }
+  done.Touch();
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->Wait(kWait) == 0);
+  }
+}
+
+TEST_CASE("Killing the etcd leader is invisible to a job and its replicas",
+          "[etcd][integration]") {
+  EtcdCluster etcd(3);
+  // A lease that outlasts etcd's own election.
+  Replicas replicas(etcd, 5);
+  DoneFile done;
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  StartJob(replicas.endpoints, 2, done, &nodes);
+  StoreClient store(replicas.Connect(), kJob, 0);
+
+  std::atomic<bool> writing{true};
+  std::atomic<int> written{0};
+  std::vector<std::string> failures;
+  std::thread writer([&] {
+    for (int i = 0; writing || i < 10; ++i) {
+      if (auto s = store.Set(absl::StrCat("k", i), std::to_string(i));
+          !s.ok()) {
+        failures.push_back(s.ToString());
+      }
+      ++written;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  while (written < 10) absl::SleepFor(absl::Milliseconds(10));
+  const int leader = etcd.Leader();
+  etcd.Kill(leader);
+  const int before = written;
+  // Writes go on while etcd elects another leader.
+  while (written < before + 50) absl::SleepFor(absl::Milliseconds(10));
+  writing = false;
+  writer.join();
+  INFO("first failure: " << (failures.empty() ? "" : failures[0]));
+  CHECK(failures.empty());
+  for (int i = 0; i < written; ++i) {
+    auto value = store.Get(absl::StrCat("k", i));
+    REQUIRE(value.ok());
+    CHECK(*value == std::to_string(i));
+  }
+  INFO(replicas.first->process().Stderr());
+  CHECK(replicas.first->process().Stderr().find("stepping down") ==
+        std::string::npos);
+  CHECK_FALSE(replicas.second->process().WaitForLine("ctrund listening",
+                                                     absl::Milliseconds(100)));
+  done.Touch();
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->Wait(kWait) == 0);
+    CHECK(node->Stderr().find("lost the rendezvous") == std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "A leader paused past its lease steps down when it wakes and writes "
+    "nothing after its successor's first write",
+    "[etcd][integration]") {
+  EtcdCluster etcd(3);
+  Replicas replicas(etcd, 2);
+  DoneFile done;
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  StartJob(replicas.endpoints, 1, done, &nodes);
+  StoreClient store(replicas.Connect(), kJob, 0);
+  REQUIRE(store.Set("before", "1").ok());
+
+  replicas.first->process().Signal(SIGSTOP);
+  REQUIRE(replicas.second->WaitLeading(kWait));
+  // A client of the paused leader alone: its request waits in the socket
+  // and is read the moment the leader wakes.
+  ConnectionOptions only_first;
+  only_first.endpoint = replicas.first->endpoint();
+  auto first = Connection::Open(only_first);
+  REQUIRE(first.ok());
+  StoreClient stale(*first, kJob, 0);
+  auto late = std::async(std::launch::async,
+                         [&stale] { return stale.Set("stale", "x"); });
+  absl::SleepFor(absl::Milliseconds(300));
+  replicas.first->process().Signal(SIGCONT);
+  CHECK_FALSE(late.get().ok());
+  INFO(replicas.first->process().Stderr());
+  CHECK(replicas.first->process().StderrContains("stepping down", kWait));
+  // It comes back as a standby, same pid.
+  CHECK(replicas.first->process().WaitForLine("ctrund standing by", kWait));
+  CHECK(replicas.first->process().StderrContains(
+      "standing by; the leader is " + replicas.second->endpoint(), kWait));
+
+  // Every record in etcd is the new leader's: it rewrote the log when it
+  // took over, and the old one wrote nothing after.
+  auto client = etcd.Client();
+  auto leader = ReadLeader(*client, "/ctrund/");
+  REQUIRE(leader.ok());
+  REQUIRE(leader->has_value());
+  CHECK((*leader)->address == replicas.second->endpoint());
+  auto kvs = client->Range(EtcdLogPrefix("/ctrund/"),
+                           PrefixEnd(EtcdLogPrefix("/ctrund/")));
+  REQUIRE(kvs.ok());
+  REQUIRE(!kvs->empty());
+  for (const auto& kv : *kvs) {
+    auto parts = ParseEtcdLogKey("/ctrund/", kv.key());
+    REQUIRE(parts);
+    CHECK(parts->leader == (*leader)->revision);
+  }
+  CHECK(absl::IsNotFound(store.Get("stale").status()));
+  auto before = store.Get("before");
+  REQUIRE(before.ok());
+  CHECK(*before == "1");
+  done.Touch();
+  for (auto& node : nodes) CHECK(node->Wait(kWait) == 0);
+}
+
+}  // namespace
+}  // namespace ctrun::testing
