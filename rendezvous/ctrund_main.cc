@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/endpoint.h"
@@ -358,9 +360,52 @@ int RunJobToken(const JobTokenFlags& flags) {
   return 0;
 }
 
-int RunStatus(const StatusFlags& flags) {
+// Says which replica of a ctrund on etcd leads, and since when; sets
+// `*endpoint` to it unless --endpoint was given. False (having said why)
+// when etcd cannot say.
+bool PrintLeader(const StatusFlags& flags, bool endpoint_given,
+                 std::string* endpoint) {
+  EtcdOptions options;
+  options.endpoints = flags.etcd;
+  options.ca_file = flags.etcd_cacert;
+  options.cert_file = flags.etcd_cert;
+  options.key_file = flags.etcd_key;
+  auto client = EtcdClient::Open(options);
+  if (!client.ok()) {
+    Fail(absl::StrCat("--etcd: ", client.status().message()));
+    return false;
+  }
+  auto leader = ReadLeader(**client, flags.etcd_prefix);
+  if (!leader.ok()) {
+    Fail(absl::StrCat("cannot read who leads: ", leader.status().message()));
+    return false;
+  }
+  if (!leader->has_value()) {
+    Fail(absl::StrCat("no replica leads (etcd at ", flags.etcd, " has no ",
+                      flags.etcd_prefix,
+                      "leader key): are the replicas running, with this "
+                      "--etcd-prefix?"));
+    return false;
+  }
+  const LeaderRecord& record = **leader;
+  std::cout << "leader: " << record.address << ", since "
+            << absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", record.since,
+                                absl::UTCTimeZone())
+            << " ("
+            << absl::FormatDuration(
+                   absl::Trunc(absl::Now() - record.since, absl::Seconds(1)))
+            << ")\n";
+  if (!endpoint_given) *endpoint = record.address;
+  return true;
+}
+
+int RunStatus(const StatusFlags& flags, bool endpoint_given) {
+  std::string endpoint = flags.endpoint;
+  if (!flags.etcd.empty() && !PrintLeader(flags, endpoint_given, &endpoint)) {
+    return 1;
+  }
   ConnectionOptions options;
-  options.endpoint = flags.endpoint;
+  options.endpoint = endpoint;
   options.tls_ca_file = flags.tls_ca;
   options.tls_server_name = flags.tls_server_name;
   if (!LoadToken(flags.token_file, &options.token)) return kUsageError;
@@ -374,7 +419,7 @@ int RunStatus(const StatusFlags& flags) {
   if (flags.job.empty()) {
     auto listed = admin.ListJobs();
     if (!listed.ok()) {
-      return Fail(absl::StrCat("cannot list jobs at ", flags.endpoint, ": ",
+      return Fail(absl::StrCat("cannot list jobs at ", endpoint, ": ",
                                listed.status().ToString()));
     }
     jobs = std::move(*listed);
@@ -382,7 +427,7 @@ int RunStatus(const StatusFlags& flags) {
     auto job = admin.DescribeJob(flags.job);
     if (!job.ok()) {
       return Fail(absl::StrCat("cannot describe job '", flags.job, "' at ",
-                               flags.endpoint, ": ", job.status().ToString()));
+                               endpoint, ": ", job.status().ToString()));
     }
     *jobs.add_jobs() = std::move(*job);
   }
@@ -494,6 +539,20 @@ int main(int argc, char** argv) {
                          "PEM roots to verify the service (TLS)");
   status_cmd->add_option("--tls-server-name", status.tls_server_name,
                          "name to check in the service's certificate");
+  status_cmd->add_option("--etcd", status.etcd,
+                         "HOST:PORT[,...] of the etcd of ctrund replicas: "
+                         "say which replica leads and since when, and ask "
+                         "it (unless --endpoint is given)");
+  status_cmd
+      ->add_option("--etcd-prefix", status.etcd_prefix,
+                   "the replicas' etcd key prefix")
+      ->capture_default_str();
+  status_cmd->add_option("--etcd-cacert", status.etcd_cacert,
+                         "PEM CA to verify etcd with");
+  status_cmd->add_option("--etcd-cert", status.etcd_cert,
+                         "PEM client certificate for etcd");
+  status_cmd->add_option("--etcd-key", status.etcd_key,
+                         "PEM client key for etcd");
 
   JobTokenFlags job_token;
   CLI::App* job_token_cmd = app.add_subcommand(
@@ -517,7 +576,9 @@ int main(int argc, char** argv) {
     std::cerr << "ctrund: " << e.what() << " (see ctrund --help)\n";
     return kUsageError;
   }
-  if (status_cmd->parsed()) return RunStatus(status);
+  if (status_cmd->parsed()) {
+    return RunStatus(status, status_cmd->count("--endpoint") > 0);
+  }
   if (job_token_cmd->parsed()) return RunJobToken(job_token);
   return RunDaemon(daemon);
 }

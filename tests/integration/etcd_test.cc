@@ -145,6 +145,14 @@ TEST_CASE(
   CHECK(job->round() == 0);
   CHECK(job->restart_count() == 0);
   CHECK(replicas.second->process().StderrContains("1 jobs restored", kWait));
+  // `ctrund status` finds the leader through etcd and asks it.
+  ChildProcess status({CtrundPath(), "status", "--etcd", etcd.endpoints()});
+  const std::string shown = status.ReadAll(kWait);
+  INFO(shown << status.Stderr());
+  CHECK(status.Wait(kWait) == 0);
+  CHECK(shown.rfind("leader: " + replicas.second->endpoint() + ", since ", 0) ==
+        0);
+  CHECK(shown.find(kJob) != std::string::npos);
 
   // A worker failure restarts the job under the new leader.
   kill(workers[1], SIGKILL);

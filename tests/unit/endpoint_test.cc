@@ -37,6 +37,50 @@ TEST_CASE("Malformed endpoints are refused saying what is expected",
   }
 }
 
+TEST_CASE("Endpoint lists name replicas, each a whole endpoint",
+          "[endpoint][unit]") {
+  auto list = ParseEndpointList("h1:1,[::1]:2,10.0.0.3", 29400);
+  REQUIRE(list.ok());
+  REQUIRE(list->size() == 3);
+  CHECK((*list)[1].host == "::1");
+  CHECK((*list)[2].port == 29400);
+  CHECK(JoinEndpoints(*list) == "h1:1,[::1]:2,10.0.0.3:29400");
+  auto one = ParseEndpointList("h1:1");
+  REQUIRE(one.ok());
+  CHECK(one->size() == 1);
+
+  auto empty_entry = ParseEndpointList("h1:1,,h2:2");
+  REQUIRE(absl::IsInvalidArgument(empty_entry.status()));
+  CHECK(empty_entry.status().message() ==
+        "endpoint list 'h1:1,,h2:2' has an empty entry; expected "
+        "HOST:PORT,HOST:PORT,...");
+  CHECK(ParseEndpointList("h1:1,").status().message().find("empty entry") !=
+        std::string::npos);
+  auto twice = ParseEndpointList("h1:1,h1:1");
+  CHECK(twice.status().message() ==
+        "endpoint list 'h1:1,h1:1' names h1:1 twice");
+  // The bad one is named as a single endpoint would be.
+  CHECK(ParseEndpointList("h1:1,h2:x").status().message().find("'h2:x'") !=
+        std::string::npos);
+}
+
+TEST_CASE("A channel to several replicas lists their addresses in order",
+          "[endpoint][unit]") {
+  CHECK(*ChannelTarget({{"somehost", 5}}) == "somehost:5");
+  CHECK(*ChannelTarget({{"127.0.0.2", 5}, {"localhost", 6}}) ==
+        "ipv4:127.0.0.2:5,127.0.0.1:6");
+  CHECK(*ChannelTarget({{"::1", 5}, {"::1", 6}}) == "ipv6:[::1]:5,[::1]:6");
+  auto mixed = ChannelTarget({{"127.0.0.1", 5}, {"::1", 6}});
+  CHECK(absl::IsInvalidArgument(mixed.status()));
+  CHECK(mixed.status().message().find("mixes IPv4 and IPv6") !=
+        std::string::npos);
+  auto unknown = ChannelTarget({{"127.0.0.1", 5}, {"no-such-host.invalid", 6}});
+  CHECK(absl::IsNotFound(unknown.status()));
+  CHECK(unknown.status().message() ==
+        "endpoint no-such-host.invalid:6: host 'no-such-host.invalid' does "
+        "not resolve");
+}
+
 TEST_CASE("Hosts are IP addresses or host names, nothing else",
           "[endpoint][unit]") {
   for (const char* good :

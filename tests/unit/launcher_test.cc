@@ -217,6 +217,32 @@ TEST_CASE("Multi-node launches need an endpoint or a static master",
         "10.0.0.5");
 }
 
+TEST_CASE("Several rendezvous endpoints are ctrund replicas, never hosted",
+          "[launcher][unit]") {
+  auto parsed = Parse({"--nnodes=2", "--rdzv_backend=c10d",
+                       "--rdzv_endpoint=127.0.0.1:1,127.0.0.2", "t"});
+  REQUIRE(parsed.ok());
+  CHECK(parsed->options.rdzv_endpoint == "127.0.0.1:1,127.0.0.2:29400");
+  LaunchOptions o = parsed->options;
+  o.local_addr = "127.0.0.1";
+  auto plan = PlanRendezvous(o, "node", {});
+  REQUIRE(plan.ok());
+  CHECK_FALSE(plan->host);  // though 127.0.0.1 is this node
+  CHECK(plan->host_reason == "several endpoints: ctrund replicas on etcd");
+  CHECK(plan->endpoints.size() == 2);
+  CHECK(plan->endpoint.ToString() == "127.0.0.1:1");
+
+  o.is_host = true;
+  auto hosted = PlanRendezvous(o, "node", {});
+  REQUIRE(absl::IsInvalidArgument(hosted.status()));
+  CHECK(hosted.status().message().find("an agent (--rdzv_conf is_host=1) "
+                                       "hosts one endpoint only") !=
+        std::string::npos);
+  auto bad = Parse({"--rdzv_endpoint=127.0.0.1:1,,h", "t"});
+  CHECK(bad.status().message().find("--rdzv_endpoint") != std::string::npos);
+  CHECK(bad.status().message().find("empty entry") != std::string::npos);
+}
+
 TEST_CASE("Addresses are checked before anything starts", "[launcher][unit]") {
   auto malformed = Parse({"--local_addr=127.0.0.300", "t"});
   REQUIRE(absl::IsInvalidArgument(malformed.status()));
