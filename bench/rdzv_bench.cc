@@ -15,6 +15,14 @@
 //       from the set to the last waiter's answer.
 //   rdzv_bench demo --ctrund PATH --agents N
 //       rendezvous of N agents that prints every assignment.
+//   rdzv_bench failover --ctrund PATH --agents N --etcd ENDPOINTS
+//       two replicas on etcd; N agents join, the leader is killed (-9), and
+//       each agent resumes its session, as ctrun does, on the endpoint
+//       list. Reports the time from the kill to the last agent resumed.
+//
+// With --etcd ENDPOINTS (a running etcd), the rendezvous and store modes
+// run against a ctrund replica on it (alone, so leading) instead of a
+// daemon without state, each run under its own key prefix.
 //
 // Each run starts its own daemon on 127.0.0.1:0 and ends it by pid. Output:
 // one JSON object per line, for bench/run-all.sh and bench/report.py.
@@ -44,6 +52,7 @@
 #include "absl/time/clock.h"
 #include "launcher/proc.h"
 #include "rendezvous/client.h"
+#include "rendezvous/endpoint.h"
 
 namespace ctrun::bench {
 namespace {
@@ -61,13 +70,37 @@ void RaiseFileLimit() {
   }
 }
 
-// A ctrund process on 127.0.0.1:0, killed on destruction.
+// --etcd: the etcd that daemons keep their state in, when set.
+std::string etcd_endpoints;
+
+int FreePort() {
+  auto port = BindFreePort("127.0.0.1");
+  if (!port.ok()) Die(port.status().ToString());
+  return *port;
+}
+
+// A ctrund process on 127.0.0.1:0 (with --etcd: a replica on a free port,
+// under a key prefix of its own unless `prefix` is given), killed on
+// destruction.
 class DaemonProcess {
  public:
   explicit DaemonProcess(const std::string& path,
-                         std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {path, "--listen", "127.0.0.1:0",
-                                     "--log-level", "warn"};
+                         std::vector<std::string> extra = {},
+                         const std::string& prefix = "") {
+    static int made = 0;
+    std::vector<std::string> argv = {path, "--log-level", "warn"};
+    if (etcd_endpoints.empty()) {
+      listen_ = "127.0.0.1:0";
+      argv.insert(argv.end(), {"--listen", listen_});
+    } else {
+      listen_ = absl::StrCat("127.0.0.1:", FreePort());
+      argv.insert(argv.end(),
+                  {"--listen", listen_, "--etcd", etcd_endpoints,
+                   "--etcd-lease-ttl", "2", "--etcd-prefix",
+                   prefix.empty() ? absl::StrCat("/rdzv-bench/", getpid(), "-",
+                                                 made++, "/")
+                                  : prefix});
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
@@ -87,20 +120,37 @@ class DaemonProcess {
       _exit(127);
     }
     close(out[1]);
-    std::string line;
-    char c;
-    while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
-    close(out[0]);
+    out_ = out[0];
+  }
+
+  // Waits for the "listening" line: at once for a daemon alone, when it
+  // leads for a replica.
+  void WaitServing() {
     const std::string prefix = "ctrund listening on ";
-    if (line.rfind(prefix, 0) != 0) Die("ctrund did not start: " + path);
-    endpoint_ = line.substr(prefix.size());
+    while (endpoint_.empty()) {
+      std::string line;
+      char c;
+      while (read(out_, &c, 1) == 1 && c != '\n') line += c;
+      if (line.empty()) Die("ctrund ended before it served");
+      if (line.rfind(prefix, 0) == 0) endpoint_ = line.substr(prefix.size());
+    }
+  }
+  void Kill() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
   ~DaemonProcess() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(out_);
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  // --listen as given: a replica's address before it serves.
+  const std::string& listen() const { return listen_; }
 
   // utime + stime in seconds, from /proc.
   double CpuSeconds() const {
@@ -132,8 +182,18 @@ class DaemonProcess {
 
  private:
   pid_t pid_ = -1;
+  int out_ = -1;
+  std::string listen_;
   std::string endpoint_;
 };
+
+// A daemon that serves (see WaitServing).
+std::unique_ptr<DaemonProcess> ServingDaemon(
+    const std::string& path, std::vector<std::string> extra = {}) {
+  auto daemon = std::make_unique<DaemonProcess>(path, std::move(extra));
+  daemon->WaitServing();
+  return daemon;
+}
 
 Connection Connect(const std::string& endpoint) {
   ConnectionOptions options;
@@ -164,7 +224,8 @@ v1::Join MakeJoin(const std::string& job, int i, int nodes) {
 }
 
 int Rendezvous(const std::string& ctrund, int agents, bool print) {
-  DaemonProcess daemon(ctrund);
+  auto serving = ServingDaemon(ctrund);
+  DaemonProcess& daemon = *serving;
   const absl::Time connect_start = absl::Now();
   std::vector<Connection> connections;
   connections.reserve(agents);
@@ -279,7 +340,8 @@ double OpsPerSecond(const DaemonProcess& daemon, bool get, int clients,
 }
 
 int Store(const std::string& ctrund, int clients, double seconds) {
-  DaemonProcess daemon(ctrund);
+  auto serving = ServingDaemon(ctrund);
+  DaemonProcess& daemon = *serving;
   auto session = OpenJob(Connect(daemon.endpoint()));
   for (const char* op : {"get", "set"}) {
     const double per_second =
@@ -307,7 +369,8 @@ int Fsync(const std::string& ctrund, int clients, double seconds,
     }
     double per_second;
     {
-      DaemonProcess daemon(ctrund, flags);
+      auto serving = ServingDaemon(ctrund, flags);
+      DaemonProcess& daemon = *serving;
       auto session = OpenJob(Connect(daemon.endpoint()));
       per_second = OpsPerSecond(daemon, /*get=*/false, clients, seconds);
       session->Close();
@@ -324,7 +387,8 @@ int Fsync(const std::string& ctrund, int clients, double seconds,
 }
 
 int Broadcast(const std::string& ctrund, int waiters, int repeats) {
-  DaemonProcess daemon(ctrund);
+  auto serving = ServingDaemon(ctrund);
+  DaemonProcess& daemon = *serving;
   auto session = OpenJob(Connect(daemon.endpoint()));
   StoreClient setter(Connect(daemon.endpoint()), "bench", 0);
   std::vector<std::unique_ptr<StoreClient>> clients;
@@ -362,6 +426,77 @@ int Broadcast(const std::string& ctrund, int waiters, int repeats) {
   return 0;
 }
 
+int Failover(const std::string& ctrund, int agents) {
+  if (etcd_endpoints.empty()) Die("failover needs --etcd ENDPOINTS");
+  const std::string prefix =
+      absl::StrCat("/rdzv-bench/failover-", getpid(), "-",
+                   absl::ToUnixMicros(absl::Now()), "/");
+  DaemonProcess first(ctrund, {}, prefix);
+  first.WaitServing();
+  DaemonProcess second(ctrund, {}, prefix);
+  absl::SleepFor(absl::Seconds(1));  // until it stands by
+  const std::string endpoints = first.listen() + "," + second.listen();
+
+  struct Agent {
+    std::unique_ptr<SessionStream> stream;
+    int64_t round = -1;
+    absl::Notification assigned, ended, resumed;
+    absl::Time resumed_at;
+  };
+  std::vector<std::unique_ptr<Agent>> sim(agents);
+  for (int i = 0; i < agents; ++i) {
+    sim[i] = std::make_unique<Agent>();
+    Agent* a = sim[i].get();
+    SessionStream::Handlers handlers;
+    handlers.on_message = [a](const v1::ServerMessage& m) {
+      if (!m.has_assignment() || a->assigned.HasBeenNotified()) return;
+      a->round = m.assignment().round();
+      a->assigned.Notify();
+    };
+    handlers.on_done = [a](const absl::Status&) { a->ended.Notify(); };
+    a->stream = SessionStream::Start(Connect(endpoints),
+                                     MakeJoin("bench", i, agents), handlers);
+  }
+  for (auto& a : sim) {
+    if (!a->assigned.WaitForNotificationWithTimeout(absl::Seconds(120))) {
+      Die("not every agent was assigned within 120 s");
+    }
+  }
+  const absl::Time killed = absl::Now();
+  first.Kill();
+  // Each agent, once its session broke, resumes it as ctrun's does.
+  std::vector<std::unique_ptr<SessionStream>> resumed(agents);
+  for (int i = 0; i < agents; ++i) {
+    Agent* a = sim[i].get();
+    if (!a->ended.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      Die("a session outlived its leader");
+    }
+    v1::Join join = MakeJoin("bench", i, agents);
+    join.mutable_resume()->set_round(a->round);
+    SessionStream::Handlers handlers;
+    handlers.on_message = [a](const v1::ServerMessage& m) {
+      if (!m.has_resumed() || a->resumed.HasBeenNotified()) return;
+      a->resumed_at = absl::Now();
+      a->resumed.Notify();
+    };
+    resumed[i] = SessionStream::Start(Connect(endpoints), join, handlers);
+  }
+  absl::Time last = killed;
+  for (auto& a : sim) {
+    if (!a->resumed.WaitForNotificationWithTimeout(absl::Seconds(120))) {
+      Die("not every agent resumed within 120 s");
+    }
+    last = std::max(last, a->resumed_at);
+  }
+  for (auto& r : resumed) r->Close();
+  for (auto& r : resumed) r->Wait().IgnoreError();
+  std::printf(
+      "{\"bench\":\"failover\",\"agents\":%d,\"lease_ttl_s\":2,"
+      "\"all_resumed_ms\":%.1f}\n",
+      agents, absl::ToDoubleMilliseconds(last - killed));
+  return 0;
+}
+
 }  // namespace
 }  // namespace ctrun::bench
 
@@ -393,6 +528,8 @@ int main(int argc, char** argv) {
       seconds = std::stod(value);
     else if (flag == "--state-dir")
       state_dir = value;
+    else if (flag == "--etcd")
+      etcd_endpoints = value;
     else
       Die("unknown flag " + flag);
   }
@@ -402,5 +539,6 @@ int main(int argc, char** argv) {
   if (mode == "store") return Store(ctrund, clients, seconds);
   if (mode == "broadcast") return Broadcast(ctrund, waiters, repeats);
   if (mode == "fsync") return Fsync(ctrund, clients, seconds, state_dir);
+  if (mode == "failover") return Failover(ctrund, agents);
   Die("unknown mode " + mode);
 }

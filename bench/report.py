@@ -361,6 +361,64 @@ class Report:
                      f"{fmt(tcp)} | {gain} |")
         self.out("")
 
+    # --- ctrund on etcd -------------------------------------------------------
+    def availability(self):
+        rows = self.pick(bench="etcd-rendezvous")
+        if not rows:
+            return
+        self.out("### ctrund on etcd",
+                 "",
+                 "The same rendezvous (N simulated agents, one job of N "
+                 "nodes) against ctrund alone, a ctrund replica keeping its "
+                 "state in a 3-member etcd on this machine (`--etcd`), and "
+                 "torchrun's `etcd-v2` backend on the same etcd. Time from "
+                 "the first join to the last assignment; a dash: not run or "
+                 "gave up.",
+                 "",
+                 "| agents | ctrund alone | ctrund on etcd | torchrun etcd-v2 "
+                 "| etcd-v2 / ctrund on etcd |",
+                 "|---:|---:|---:|---:|---:|")
+        for n in sorted({r["agents"] for r in rows}):
+            cell = {impl: spread([
+                r["all_assigned_ms"] / 1000 if r.get("all_assigned_ms")
+                else None
+                for r in self.pick(bench="etcd-rendezvous", impl=impl,
+                                   agents=n)])
+                for impl in ("ctrun", "ctrun-etcd", "torchrun-etcd-v2")}
+            self.out(f"| {n} | {ms(cell['ctrun'])} | {ms(cell['ctrun-etcd'])}"
+                     f" | {ms(cell['torchrun-etcd-v2'])} | "
+                     f"{ratio(cell['ctrun-etcd'], cell['torchrun-etcd-v2'])} |")
+        self.out("",
+                 "Blocking `set`s per second (each client its own key and "
+                 "connection): every change is in etcd before it is "
+                 "answered.",
+                 "",
+                 "| clients | ctrund alone | ctrund on etcd |",
+                 "|---:|---:|---:|")
+        for c in sorted({r["clients"] for r in self.pick(bench="etcd-store")}):
+            cell = {impl: spread([r["ops_per_s"] for r in self.pick(
+                bench="etcd-store", impl=impl, op="set", clients=c)])
+                for impl in ("ctrun", "ctrun-etcd")}
+
+            def fmt(x):
+                return f"{x[0]:,.0f}" if x else "—"
+            self.out(f"| {c} | {fmt(cell['ctrun'])} | "
+                     f"{fmt(cell['ctrun-etcd'])} |")
+        self.out("",
+                 "Leader killed (`kill -9`) under N agents: time until every "
+                 "agent has resumed its session on the standby (lease TTL "
+                 "2 s). torchrun has no counterpart: its c10d rendezvous "
+                 "dies with the agent that hosts it, and etcd-v2 agents keep "
+                 "no session to lose.",
+                 "",
+                 "| agents | all resumed |",
+                 "|---:|---:|")
+        for n in sorted({r["agents"] for r in self.pick(bench="failover")}):
+            self.out(f"| {n} | " + ms(spread([
+                r["all_resumed_ms"] / 1000
+                for r in self.pick(bench="failover", agents=n)])) + " |")
+        self.out("")
+
     # --- hangs ----------------------------------------------------------------
     def hangs(self):
         rows = self.pick(bench="hang")
@@ -540,6 +598,7 @@ def main():
     report.rendezvous()
     report.store()
     report.durability()
+    report.availability()
     report.hangs()
     report.targets()
 

@@ -32,11 +32,14 @@ if [ $quick -eq 1 ]; then
   agents=(16 64 128 256 1024 4096)
   torch_agents=(16 64 128 256)
   waiters=(8 64)
+  etcd_agents=(64 512) etcd_torch_agents=(64) failover_agents=(64)
 else
   runs=5 give_up=30 nodes=2,4,8 store_runs=3 seconds=3 torch_give_up=60
   agents=(16 64 128 256 512 1024 4096 16384)
   torch_agents=(16 64 128 256 512 1024)
   waiters=(8 64 256)
+  etcd_agents=(64 512 4096) etcd_torch_agents=(64 512 4096)
+  failover_agents=(64 512)
 fi
 
 out=bench/results/$(date +%Y%m%d-%H%M%S)
@@ -107,6 +110,40 @@ step "store durability: sets with each --fsync policy, 1 and 8 clients"
     done
   done
 } >"$out/fsync.jsonl"
+
+step "ctrund on etcd: rendezvous ${etcd_agents[*]}, sets, failover; torchrun etcd-v2"
+etcd_dir=$(mktemp -d)
+trap 'bench/etcd3.sh stop "$etcd_dir"; rm -rf "$etcd_dir"' EXIT
+etcd=$(bench/etcd3.sh start "$etcd_dir")
+{
+  as() { sed "s/\"bench\": *\"$1\"/\"bench\":\"$2\"/"; }
+  for n in "${etcd_agents[@]}"; do
+    for _ in $(seq "$store_runs"); do
+      "$bin/rdzv_bench" rendezvous --ctrund "$ctrund" --agents "$n" |
+        tag ctrun | as rendezvous etcd-rendezvous
+      "$bin/rdzv_bench" rendezvous --ctrund "$ctrund" --agents "$n" \
+        --etcd "$etcd" | tag ctrun-etcd | as rendezvous etcd-rendezvous
+    done
+  done
+  for n in "${etcd_torch_agents[@]}"; do
+    line=$("$python" bench/torch_rdzv_bench.py --agents "$n" \
+      --give_up "$torch_give_up" --etcd "${etcd%%,*}" 2>/dev/null)
+    echo "$line" | as rendezvous etcd-rendezvous
+    case "$line" in *'"gave_up": true'*) break ;; esac
+  done
+  for c in 1 8; do
+    "$bin/rdzv_bench" store --ctrund "$ctrund" --clients "$c" \
+      --seconds "$seconds" | tag ctrun | as store etcd-store
+    "$bin/rdzv_bench" store --ctrund "$ctrund" --clients "$c" \
+      --seconds "$seconds" --etcd "$etcd" | tag ctrun-etcd | as store etcd-store
+  done
+  for n in "${failover_agents[@]}"; do
+    for _ in $(seq "$store_runs"); do
+      "$bin/rdzv_bench" failover --ctrund "$ctrund" --agents "$n" \
+        --etcd "$etcd" | tag ctrun
+    done
+  done
+} >"$out/etcd.jsonl"
 
 step "hangs: a hung rank to a stopped job, N = 4 16; a heartbeat's cost"
 {
