@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
+#include <random>
 #include <regex>
 #include <thread>
 
@@ -69,7 +71,8 @@ struct DoneFile {
 // One agent on 127.0.0.<n>; its workers print who they are, then wait for
 // `done`.
 std::unique_ptr<ChildProcess> Node(int n, const std::string& endpoints,
-                                   int nnodes, const DoneFile& done) {
+                                   const std::string& nnodes,
+                                   const DoneFile& done) {
   return std::make_unique<ChildProcess>(std::vector<std::string>{
       CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
       absl::StrCat("--nnodes=", nnodes), "--nproc_per_node=1",
@@ -93,7 +96,7 @@ std::vector<pid_t> StartJob(const std::string& endpoints, int count,
                             const DoneFile& done,
                             std::vector<std::unique_ptr<ChildProcess>>* nodes) {
   for (int n = 0; n < count; ++n) {
-    nodes->push_back(Node(n + 2, endpoints, count, done));
+    nodes->push_back(Node(n + 2, endpoints, std::to_string(count), done));
   }
   std::vector<pid_t> pids;
   for (auto& node : *nodes) {
@@ -273,6 +276,133 @@ TEST_CASE(
   CHECK(*before == "1");
   done.Touch();
   for (auto& node : nodes) CHECK(node->Wait(kWait) == 0);
+}
+
+TEST_CASE(
+    "Nodes that come and go across leader takeovers end in one world with "
+    "every acknowledged key",
+    "[etcd][integration]") {
+  const unsigned seed = std::random_device{}();
+  WARN("seed " << seed);
+  std::mt19937 random(seed);
+  EtcdCluster etcd(3);
+  const std::vector<std::string> ttl = {"--etcd-lease-ttl", "2"};
+  std::vector<int> ports = {FreePort(), FreePort()};
+  std::vector<std::unique_ptr<Replica>> replicas;
+  replicas.push_back(
+      std::make_unique<Replica>(ports[0], etcd.endpoints(), ttl));
+  REQUIRE(replicas[0]->WaitLeading(kWait));
+  replicas.push_back(
+      std::make_unique<Replica>(ports[1], etcd.endpoints(), ttl));
+  int leading = 0;
+  const std::string endpoints =
+      replicas[0]->endpoint() + "," + replicas[1]->endpoint();
+  ConnectionOptions options;
+  options.endpoint = endpoints;
+  auto connection = Connection::Open(options);
+  REQUIRE(connection.ok());
+  AdminClient admin(*connection);
+
+  DoneFile done;
+  std::map<int, std::unique_ptr<ChildProcess>> nodes;  // by 127.0.0.<n>
+  for (int n : {2, 3}) nodes[n] = Node(n, endpoints, "2:4", done);
+
+  // Keys set in the store of the round that is current, as acknowledged.
+  absl::Mutex mu;
+  std::map<int64_t, std::vector<std::string>> acked;
+  std::atomic<bool> writing{true};
+  std::thread writer([&] {
+    for (int i = 0; writing; ++i) {
+      absl::SleepFor(absl::Milliseconds(30));
+      auto job = admin.DescribeJob(kJob);
+      if (!job.ok() || job->phase() != v1::JobStatus::RUNNING) continue;
+      const std::string key = absl::StrCat("k", i);
+      if (StoreClient(*connection, kJob, job->round()).Set(key, key).ok()) {
+        absl::MutexLock lock(&mu);
+        acked[job->round()].push_back(key);
+      }
+    }
+  });
+  // Every key acknowledged in round `round` is there, unless the round
+  // moved on meanwhile.
+  auto check_keys = [&](int64_t round) {
+    std::vector<std::string> keys;
+    {
+      absl::MutexLock lock(&mu);
+      keys = acked[round];
+    }
+    StoreClient store(*connection, kJob, round);
+    for (const auto& key : keys) {
+      auto value = store.Get(key, absl::Seconds(5));
+      if (absl::IsAborted(value.status())) return;  // a later round
+      INFO("round " << round << " key " << key);
+      REQUIRE(value.ok());
+      CHECK(*value == key);
+    }
+  };
+
+  const absl::Time end = absl::Now() + absl::Seconds(15);
+  int takeovers = 0;
+  while (absl::Now() < end || takeovers == 0) {
+    absl::SleepFor(absl::Milliseconds(
+        std::uniform_int_distribution<int>(500, 2000)(random)));
+    const int action = std::uniform_int_distribution<int>(0, 2)(random);
+    if (action == 0 && nodes.size() < 4) {
+      int n = 2;
+      while (nodes.contains(n)) ++n;
+      nodes[n] = Node(n, endpoints, "2:4", done);
+    } else if (action == 1 && nodes.size() > 2) {
+      // A node leaves: its agent stops its workers and goes.
+      auto it = std::next(nodes.begin(), std::uniform_int_distribution<int>(
+                                             0, nodes.size() - 1)(random));
+      it->second->Signal(SIGTERM);
+      CHECK(it->second->Wait(kWait));
+      nodes.erase(it);
+    } else if (action == 2 || (absl::Now() >= end && takeovers == 0)) {
+      auto job = admin.DescribeJob(kJob);
+      replicas[leading]->process().Signal(SIGKILL);
+      REQUIRE(replicas[leading]->process().Wait(kWait));
+      const int standby = 1 - leading;
+      REQUIRE(replicas[standby]->WaitLeading(kWait));
+      replicas[leading] =
+          std::make_unique<Replica>(ports[leading], etcd.endpoints(), ttl);
+      leading = standby;
+      ++takeovers;
+      if (job.ok()) check_keys(job->round());
+    }
+  }
+  // Settled: one running round of every node left.
+  const int count = static_cast<int>(nodes.size());
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  absl::StatusOr<v1::JobStatus> job;
+  while (absl::Now() < give_up) {
+    job = admin.DescribeJob(kJob);
+    if (job.ok() && job->phase() == v1::JobStatus::RUNNING &&
+        job->world_size() == count) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  writing = false;
+  writer.join();
+  REQUIRE(job.ok());
+  CHECK(job->world_size() == count);
+  check_keys(job->round());
+  {
+    absl::MutexLock lock(&mu);
+    CHECK_FALSE(acked[job->round()].empty());
+  }
+  done.Touch();
+  for (auto& [n, node] : nodes) {
+    INFO("node 127.0.0." << n << ": " << node->Stderr());
+    CHECK(node->Wait(kWait) == 0);
+    // Its workers last ran in the settled world.
+    const std::string out = node->ReadAll(kWait);
+    const size_t last = out.rfind("world=");
+    REQUIRE(last != std::string::npos);
+    CHECK(out.substr(last, out.find(' ', last) - last) ==
+          absl::StrCat("world=", count));
+  }
 }
 
 }  // namespace
