@@ -111,7 +111,7 @@ std::vector<pid_t> StartJob(const std::string& endpoints, int count,
 bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
 
 TEST_CASE(
-    "A standby takes over a killed leader within the lease TTL and a second; "
+    "A standby takes over a killed leader within the lease TTL and a second: "
     "the job keeps its workers, keys and round, and restarts under it",
     "[etcd][integration]") {
   EtcdCluster etcd(3);

@@ -324,7 +324,7 @@ TEST_CASE("Flags without use in ctrun are accepted and explained",
         "core-complex");
 }
 
-TEST_CASE("Flags may be abbreviated as in torchrun; typos get a suggestion",
+TEST_CASE("Flags may be abbreviated as in torchrun, and typos get a suggestion",
           "[launcher][unit]") {
   auto abbreviated = Parse({"--nproc=3", "--stand", "t"});
   REQUIRE(abbreviated.ok());
@@ -680,7 +680,7 @@ TEST_CASE("Duplicate filters get matching lines, shown or not",
   CHECK(filtered.Read() == "[h]: loss 0.5\n[h]: acc\n");
 }
 
-TEST_CASE("Long lines stay whole up to the bound; log files stay verbatim",
+TEST_CASE("Long lines stay whole up to the bound, and log files stay verbatim",
           "[launcher][unit]") {
   const std::string whole(WorkerOutput::kMaxLine, 'w');
   const std::string longer(WorkerOutput::kMaxLine + 10, 'x');
