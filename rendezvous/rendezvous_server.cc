@@ -562,8 +562,10 @@ absl::Status Impl::RestoreLocked() {
   if (options_.state_dir.empty() && !options_.state_log) {
     return absl::OkStatus();
   }
-  DurableState::Options durable_options{options_.state_dir, options_.fsync,
-                                        options_.repair_state_dir};
+  DurableState::Options durable_options;
+  durable_options.dir = options_.state_dir;
+  durable_options.fsync = options_.fsync;
+  durable_options.repair = options_.repair_state_dir;
   const std::string where = options_.state_log
                                 ? std::string("etcd")
                                 : absl::StrCat(options_.state_dir, "/journal");

@@ -259,8 +259,8 @@ TEST_CASE("What was committed outlives a machine crash unless fsync=never",
   auto owned = std::make_unique<FaultInjectingFiles>(NewPosixStateFiles());
   FaultInjectingFiles* files = owned.get();
   std::map<std::string, JournaledJob> jobs;
-  auto state =
-      DurableState::Open({dir.path, policy, false, std::move(owned)}, &jobs);
+  auto state = DurableState::Open(
+      {dir.path, policy, false, std::move(owned), nullptr}, &jobs);
   REQUIRE(state.ok());
   (*state)->SaveJobs({"a"}, [](const std::string& id) {
     return std::optional<v1::JobSnapshot>(JobAt(id, 0).job());
@@ -290,7 +290,7 @@ TEST_CASE(
   FaultInjectingFiles* files = owned.get();
   std::map<std::string, JournaledJob> jobs;
   auto state = DurableState::Open(
-      {dir.path, FsyncPolicy::kBatch, false, std::move(owned)}, &jobs);
+      {dir.path, FsyncPolicy::kBatch, false, std::move(owned), nullptr}, &jobs);
   REQUIRE(state.ok());
   auto snapshot = [](const std::string& id) {
     return std::optional<v1::JobSnapshot>(JobAt(id, 0).job());
