@@ -599,10 +599,11 @@ absl::Status Impl::RestoreLocked() {
   durable_ = *std::move(durable);
   if (auto s = durable_->Rewrite(core_.Checkpoint()); !s.ok()) return s;
   spdlog::info(
-      "state in {} (fsync {}): {} jobs restored, {} nodes have {} to resume",
-      options_.state_log ? where : options_.state_dir,
-      std::string(FsyncPolicyName(options_.fsync)), jobs.size(), nodes,
-      absl::FormatDuration(options_.reconnect_grace));
+      "state in {}: {} jobs restored, {} nodes have {} to resume",
+      options_.state_log ? where
+                         : absl::StrCat(options_.state_dir, " (fsync ",
+                                        FsyncPolicyName(options_.fsync), ")"),
+      jobs.size(), nodes, absl::FormatDuration(options_.reconnect_grace));
   return absl::OkStatus();
 }
 
