@@ -42,4 +42,17 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Packages with daemons (etcd, slurmctld, munge) must not start them: the
+# tests run their own, on ports of their own, and leave nothing running.
+# policy-rc.d answering 101 is Debian's way to say so to invoke-rc.d.
+policy=/usr/sbin/policy-rc.d
+added_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod +x "$policy"
+  added_policy=1
+fi
+status=0
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
+[ $added_policy -eq 1 ] && $SUDO rm -f "$policy"
+exit $status
