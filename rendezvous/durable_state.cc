@@ -58,7 +58,8 @@ void DurableState::MaybeCompact(
     const std::function<std::vector<v1::JournalRecord>()>& checkpoint) {
   if (!log_->WantsRewrite()) return;
   if (auto s = log_->Rewrite(checkpoint()); !s.ok()) {
-    spdlog::error("cannot compact the saved state: {}", std::string(s.message()));
+    spdlog::error("cannot compact the saved state: {}",
+                  std::string(s.message()));
   }
 }
 

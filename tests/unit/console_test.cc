@@ -43,8 +43,9 @@ struct Pipe {
 
 std::string WorkerLine(int i) { return absl::StrCat("line ", i, "\n"); }
 
-TEST_CASE("A console nobody reads never blocks the writer, and drops are counted",
-          "[console][unit]") {
+TEST_CASE(
+    "A console nobody reads never blocks the writer, and drops are counted",
+    "[console][unit]") {
   Pipe pipe;
   constexpr int kLines = 200'000;  // ~2.3 MB: far more than pipe and queue
   auto console = std::make_unique<Console>(pipe.write_fd, 64 << 10);
