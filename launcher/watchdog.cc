@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -100,6 +101,11 @@ Watchdog::Watchdog(Watchdog&& other) noexcept
 
 Watchdog::~Watchdog() {
   if (fd_ >= 0) close(fd_);
+  // Its sweep is bounded (RunWatchdog), so this wait is too.
+  if (pid_ > 0) {
+    while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
 }
 
 void Watchdog::Send(int32_t record) {

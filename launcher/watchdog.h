@@ -30,7 +30,9 @@ class Watchdog {
 
   Watchdog(Watchdog&& other) noexcept;
   Watchdog& operator=(Watchdog&&) = delete;
-  ~Watchdog();  // closes the pipe: the watchdog ends what is still tracked
+  // Closes the pipe, so the watchdog ends what is still tracked, and waits
+  // for it: when ctrun exits, nothing it started is left, not even this.
+  ~Watchdog();
 
   void Track(pid_t pgid);
   void Untrack(pid_t pgid);
