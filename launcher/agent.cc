@@ -532,6 +532,13 @@ void Agent::Apply(const AgentEffect& effect) {
     Probe();
   } else if (auto* exit = std::get_if<e::Exit>(&effect)) {
     exit_code_ = exit->code;
+  } else if (auto* record = std::get_if<e::Record>(&effect)) {
+    if (!config_.event_log) return;
+    v1::Event event = record->event;
+    if (!event.has_job()) event.set_job(config_.workers.options.run_id);
+    // As the rendezvous names this node (rendezvous_core.cc, Node::Name).
+    event.set_node(absl::StrCat(config_.workers.hostname, ":", getpid()));
+    config_.event_log->Write("agent", std::move(event));
   }
 }
 

@@ -28,12 +28,15 @@
 #include "launcher/progress_board.h"
 #include "launcher/worker_group.h"
 #include "rendezvous/client.h"
+#include "rendezvous/event_log.h"
 
 namespace ctrun {
 
 struct AgentConfig {
   WorkerGroupConfig workers;  // options, command, environment, logs
   Connection connection;      // to the rendezvous
+  // When set, the agent's events go there (--event_log).
+  std::shared_ptr<EventLog> event_log;
 };
 
 // The signals the agent takes through its signalfd: SIGCHLD, SIGUSR1,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "rendezvous/rendezvous_core.h"
 
 namespace ctrun {
 namespace {
@@ -71,6 +72,17 @@ int AgentPolicy::live_workers() const {
 
 // --- the session -------------------------------------------------------------
 
+v1::Event& AgentPolicy::Record(const char* what, AgentEffects* effects) const {
+  agent_effect::Record record;
+  record.event.set_event(what);
+  if (assignment_) {
+    record.event.set_job(assignment_->job_id());
+    record.event.set_round(static_cast<int32_t>(assignment_->round()));
+  }
+  effects->push_back(std::move(record));
+  return std::get<agent_effect::Record>(effects->back()).event;
+}
+
 void AgentPolicy::Start(absl::Time now, AgentEffects* effects) {
   OpenSession(std::nullopt, now, effects);
 }
@@ -113,9 +125,11 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
       }
       return OnRestartRequired(m.restart_required(), now, effects);
     case v1::ServerMessage::kJobFinished:
+      Record("job_finished", effects);
       End(Ending::kJobFinished, now, effects);
       return;
     case v1::ServerMessage::kJobFailed:
+      Record("job_failed", effects).set_reason(m.job_failed().reason());
       if (ending_ < Ending::kJobFailed) {
         job_failure_ = m.job_failed().reason();
         job_hung_ = m.job_failed().hung();
@@ -394,6 +408,15 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
            effects);
     }
   }
+  {
+    v1::Event& e = Record("assigned", effects);
+    e.set_group_rank(a.group_rank());
+    e.set_nodes(a.group_world_size());
+    e.set_world_size(a.world_size());
+    e.set_master(absl::StrCat(a.master_addr(), ":", a.master_port()));
+    e.set_restart_count(a.restart_count());
+    e.set_max_restarts(a.max_restarts());
+  }
   if (!a.restart_refunded().empty()) {
     refunds_.push_back(a.restart_refunded());
     Tell(absl::StrCat(a.restart_refunded(), " (restarts used ",
@@ -412,11 +435,18 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
     }
     Worker& w = workers_[static_cast<size_t>(s.local_rank)];
     w.error_file = s.error_file;
+    v1::Event& e =
+        Record(s.pid > 0 ? "worker_started" : "worker_start_failed", effects);
+    e.set_rank(w.rank);
+    e.set_local_rank(w.local_rank);
     if (s.pid > 0) {
       w.pid = s.pid;
       w.alive = true;
+      w.started = now;
+      e.set_pid(s.pid);
       continue;
     }
+    e.set_detail(s.error);
     Tell(s.error, effects);
     OnWorkerFailure(
         WorkerFailureRecord{s.wall_time, config_.hostname, w.rank, w.local_rank,
@@ -439,6 +469,15 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
   if (it == workers_.end() || !it->alive) return;
   it->alive = false;
   monitor_.Exited(e.local_rank);
+  {
+    v1::Event& r = Record("worker_exited", effects);
+    r.set_rank(it->rank);
+    r.set_local_rank(it->local_rank);
+    r.set_pid(it->pid);
+    r.set_exit_code(e.signal != 0 ? 128 + e.signal : e.exit_code);
+    if (e.signal != 0) r.set_signal(e.signal);
+    r.set_duration_s(absl::ToDoubleSeconds(now - it->started));
+  }
   std::string timer_cause;
   if (!it->timer_scope.empty() && e.signal == it->timer_signal) {
     timer_cause =
@@ -530,6 +569,13 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
                                 " since it started (", timeout,
                                 "; does it call ctrun.heartbeat() or open a "
                                 "section?)");
+  {
+    v1::Event& e = Record("worker_hung", effects);
+    e.set_rank(w.rank);
+    e.set_local_rank(w.local_rank);
+    e.set_pid(w.pid);
+    e.set_detail(cause);
+  }
   Tell(absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
                     w.pid, ") is hung: ", cause,
                     "; collecting evidence from every worker of the job "
@@ -618,6 +664,13 @@ void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
                                     absl::Time now, AgentEffects* effects) {
   // Stopping for good: the other nodes restart without this one.
   if (ending_ != Ending::kNone || phase_ == Phase::kDone) return;
+  {
+    v1::Event& e = Record("restart_required", effects);
+    e.set_round(static_cast<int32_t>(r.round()));
+    e.set_reason(RestartReasonName(r.reason()));
+    e.set_detail(r.detail());
+    e.set_restart_count(r.restart_count());
+  }
   Tell(absl::StrCat("restarting the workers (round ", r.round(),
                     ", restarts used ", r.restart_count(), "/",
                     config_.options.max_restarts, "): ", r.detail()),
@@ -713,6 +766,7 @@ void AgentPolicy::OnStopped(absl::Time now, AgentEffects* effects) {
     phase_ = Phase::kDone;
     const int code = ExitCode(effects);
     CloseLink(effects);
+    Record("agent_exited", effects).set_exit_code(code);
     effects->push_back(Exit{code});
     return;
   }

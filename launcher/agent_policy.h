@@ -63,6 +63,9 @@
 // - torchrun's file timers (file_timers.h): an expired one kills its
 //   process with the timer's signal; a worker that dies of it is a failure
 //   whose cause names the scope. The agent is not signalled (torchrun's is).
+// - Events (Record, docs/events.md): the assignment, each worker's start
+//   and exit, a hang, a restart asked for, the job's end and the agent's
+//   exit, as they are decided.
 #ifndef CTRUN_LAUNCHER_AGENT_POLICY_H_
 #define CTRUN_LAUNCHER_AGENT_POLICY_H_
 
@@ -76,6 +79,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "ctrun/v1/event.pb.h"
 #include "ctrun/v1/rendezvous.pb.h"
 #include "launcher/failure_report.h"
 #include "launcher/file_timers.h"
@@ -155,16 +159,23 @@ struct KillTimedOut {
 struct Exit {
   int code;
 };
+// A line of the event log (--event_log). The loop stamps time and source,
+// and names the job and the node where the policy could not.
+struct Record {
+  v1::Event event;
+};
 }  // namespace agent_effect
 
-using AgentEffect = std::variant<
-    agent_effect::Say, agent_effect::Print, agent_effect::OpenSession,
-    agent_effect::CancelSession, agent_effect::Send, agent_effect::SendRejoin,
-    agent_effect::StartWorkers, agent_effect::SignalWorkers,
-    agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
-    agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
-    agent_effect::ReadProgress, agent_effect::CollectEvidence,
-    agent_effect::EndEvidence, agent_effect::KillTimedOut, agent_effect::Exit>;
+using AgentEffect =
+    std::variant<agent_effect::Say, agent_effect::Print,
+                 agent_effect::OpenSession, agent_effect::CancelSession,
+                 agent_effect::Send, agent_effect::SendRejoin,
+                 agent_effect::StartWorkers, agent_effect::SignalWorkers,
+                 agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
+                 agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
+                 agent_effect::ReadProgress, agent_effect::CollectEvidence,
+                 agent_effect::EndEvidence, agent_effect::KillTimedOut,
+                 agent_effect::Exit, agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 struct AgentPolicyConfig {
@@ -291,8 +302,11 @@ class AgentPolicy {
     // The file timer that ctrun killed it for, and with which signal.
     std::string timer_scope;
     int timer_signal = 0;
+    absl::Time started;
   };
 
+  // Appends an event of the current round (if any) to `effects`.
+  v1::Event& Record(const char* what, AgentEffects* effects) const;
   void OnAssignment(const v1::Assignment& assignment, absl::Time now,
                     AgentEffects* effects);
   void OnRestartRequired(const v1::RestartRequired& restart, absl::Time now,

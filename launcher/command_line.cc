@@ -116,8 +116,15 @@ constexpr FlagSpec kFlags[] = {
      "cores, or one core complex"},
     {"event_log_handler", 0, Kind::kValue, "null", "NAME",
      "accepted for torchrun compatibility",
-     "torchelastic's event handlers are Python plugins; ctrun logs its "
-     "events on stderr"},
+     "torchelastic's event handlers are Python plugins; ctrun writes its "
+     "events with --event_log FILE"},
+    {"event_log", 0, Kind::kValue, "", "FILE",
+     "append this node's events (assignment, each worker's start and exit, "
+     "hang, restart, job end), and the rendezvous's when this node hosts "
+     "it, to FILE: one JSON object per line (docs/events.md)"},
+    {"metrics_listen", 0, Kind::kValue, "", "[HOST:]PORT",
+     "when this node hosts the rendezvous, serve its Prometheus metrics at "
+     "http://HOST:PORT/metrics (PORT alone: on 127.0.0.1)"},
     {"virtual_local_rank", 0, Kind::kBool, "0", "",
      "give each worker LOCAL_RANK=0 and only its own GPU in "
      "CUDA_VISIBLE_DEVICES"},
@@ -767,6 +774,14 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
 // Logs, redirects, tee, the rank filter and the line prefix.
 absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
   o.log_dir = raw.at("log_dir").text;
+  o.event_log = raw.at("event_log").text;
+  if (const auto& metrics = raw.at("metrics_listen").text; !metrics.empty()) {
+    auto listen = ParseMetricsListen(metrics);
+    if (!listen.ok()) {
+      return BadValue(raw, "metrics_listen", listen.status().message());
+    }
+    o.metrics_listen = *listen;
+  }
   for (const char* name : {"redirects", "tee"}) {
     auto sel = ParseStreamSelection(raw.at(name).text);
     if (!sel.ok()) return BadValue(raw, name, sel.status().message());

@@ -128,13 +128,21 @@ std::string WorkerToken(const std::string& token, const std::string& job_id) {
   return JobToken(token, job_id);
 }
 
+// What operators watch a run by: --event_log and --metrics_listen.
+struct Operations {
+  std::shared_ptr<EventLog> event_log;
+  std::shared_ptr<RendezvousMetrics> metrics;  // with --metrics_listen
+};
+
 // The in-process rendezvous of the hosting agent, which talks to it through
 // the ordinary client like every other agent. Null when another agent here
 // serves the inferred endpoint already.
 absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
     const LaunchOptions& options, const RendezvousPlan& plan,
-    const Credentials& credentials) {
+    const Credentials& credentials, const Operations& operations) {
   ServerOptions server_options;
+  server_options.metrics = operations.metrics;
+  server_options.event_log = operations.event_log;
   server_options.listen = plan.endpoint;
   server_options.token = credentials.token;
   server_options.munge = credentials.munge;
@@ -251,10 +259,11 @@ struct Rendezvous {
 
 absl::StatusOr<Rendezvous> ReachRendezvous(const LaunchOptions& options,
                                            const RendezvousPlan& plan,
-                                           const Credentials& credentials) {
+                                           const Credentials& credentials,
+                                           const Operations& operations) {
   std::unique_ptr<RendezvousServer> server;
   if (plan.host) {
-    auto hosted = HostRendezvous(options, plan, credentials);
+    auto hosted = HostRendezvous(options, plan, credentials, operations);
     if (!hosted.ok()) return hosted.status();
     server = std::move(*hosted);
   }
@@ -315,10 +324,40 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   if (!credentials.ok()) {
     return Fail(std::string(credentials.status().message()), kUsageError);
   }
-  auto rendezvous = ReachRendezvous(options, plan, *credentials);
+  Operations operations;
+  if (!options.event_log.empty()) {
+    auto log = EventLog::Open(options.event_log);
+    if (!log.ok()) {
+      return Fail(absl::StrCat("--event_log: ", log.status().message()),
+                  kUsageError);
+    }
+    operations.event_log = *std::move(log);
+  }
+  if (options.metrics_listen) {
+    operations.metrics = std::make_shared<RendezvousMetrics>();
+  }
+  auto rendezvous = ReachRendezvous(options, plan, *credentials, operations);
   if (!rendezvous.ok()) {
     return Fail(std::string(rendezvous.status().message()),
                 absl::IsInvalidArgument(rendezvous.status()) ? kUsageError : 1);
+  }
+  std::unique_ptr<MetricsEndpoint> metrics;
+  if (options.metrics_listen && rendezvous->server) {
+    auto started =
+        MetricsEndpoint::Start(*options.metrics_listen, *operations.metrics);
+    if (!started.ok()) {
+      return Fail(
+          absl::StrCat("--metrics_listen: ", started.status().message()), 1);
+    }
+    metrics = *std::move(started);
+    std::cerr << "ctrun: metrics of the rendezvous at http://"
+              << metrics->endpoint().ToString() << "/metrics\n";
+  } else if (options.metrics_listen) {
+    std::cerr << "ctrun: note: --metrics_listen: this node does not host "
+                 "the rendezvous (it is at "
+              << rendezvous->endpoint
+              << "); the node that hosts it, or its ctrund, serves the "
+                 "metrics\n";
   }
   AgentConfig config;
   WorkerGroupConfig& w = config.workers;
@@ -334,6 +373,7 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   w.run_dir = *run_dir;
   w.watchdog = &*watchdog;
   config.connection = rendezvous->connection;
+  config.event_log = operations.event_log;
   const auto [code, signalled] = RunAgent(std::move(config));
   if (rendezvous->server) {
     if (!signalled) ServeUntilIdle(*rendezvous->server, signals);

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "launcher/numa_binding.h"
+#include "rendezvous/endpoint.h"
 
 namespace ctrun {
 
@@ -118,7 +119,10 @@ struct LaunchOptions {
   bool file_timers = false;
 
   // Output.
-  std::string log_dir;  // empty: a temporary one, removed at exit
+  std::string log_dir;    // empty: a temporary one, removed at exit
+  std::string event_log;  // --event_log FILE; empty: none
+  // Where the hosted rendezvous serves its metrics; none when unset.
+  std::optional<Endpoint> metrics_listen;
   StreamSelection redirects;
   StreamSelection tee;
   std::optional<std::vector<int>> local_ranks_filter;  // nullopt: all

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +86,9 @@ struct DaemonFlags {
   std::string etcd_cacert, etcd_cert, etcd_key;
   int64_t etcd_max_request_bytes = 1536 << 10;  // etcd's own default
   std::string advertise;
+  // Operations.
+  std::string metrics_listen;
+  std::string event_log;
 };
 
 struct StatusFlags {
@@ -301,6 +305,25 @@ int RunDaemon(const DaemonFlags& flags) {
   }
   options.state_dir = flags.state_dir;
   options.reconnect_grace = absl::Seconds(flags.reconnect_grace_s);
+  std::optional<Endpoint> metrics_listen;
+  if (!flags.metrics_listen.empty()) {
+    auto parsed = ParseMetricsListen(flags.metrics_listen);
+    if (!parsed.ok()) {
+      return Fail(absl::StrCat("--metrics-listen=", flags.metrics_listen, ": ",
+                               parsed.status().message()),
+                  kUsageError);
+    }
+    metrics_listen = *parsed;
+    options.metrics = std::make_shared<RendezvousMetrics>();
+  }
+  if (!flags.event_log.empty()) {
+    auto log = EventLog::Open(flags.event_log);
+    if (!log.ok()) {
+      return Fail(absl::StrCat("--event-log: ", log.status().message()),
+                  kUsageError);
+    }
+    options.event_log = *std::move(log);
+  }
   ReplicaOptions replica;
   if (!flags.etcd.empty()) {
     if (auto s = ReplicaOptionsFrom(flags, *listen, &options, &replica);
@@ -324,6 +347,19 @@ int RunDaemon(const DaemonFlags& flags) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // Up before the service, and on standby replicas too: a scrape tells a
+  // standby from a dead replica.
+  std::unique_ptr<MetricsEndpoint> metrics;
+  if (metrics_listen) {
+    auto started = MetricsEndpoint::Start(*metrics_listen, *options.metrics);
+    if (!started.ok()) {
+      return Fail(
+          absl::StrCat("--metrics-listen: ", started.status().message()));
+    }
+    metrics = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics",
+                 metrics->endpoint().ToString());
+  }
   if (!flags.etcd.empty()) {
     return RunReplica(flags, std::move(options), std::move(replica),
                       stop_signals);
@@ -524,6 +560,12 @@ int main(int argc, char** argv) {
   app.add_option("--advertise", daemon.advertise,
                  "HOST:PORT at which clients reach this replica, as "
                  "`ctrund status` shows the leader (default: --listen)");
+  app.add_option("--metrics-listen,--metrics_listen", daemon.metrics_listen,
+                 "HOST:PORT (or PORT, on 127.0.0.1) to serve Prometheus "
+                 "metrics on, at /metrics (docs/metrics.md)");
+  app.add_option("--event-log,--event_log", daemon.event_log,
+                 "file to append the jobs' events to, one JSON object per "
+                 "line (docs/events.md)");
 
   StatusFlags status;
   CLI::App* status_cmd = app.add_subcommand(

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -312,6 +313,26 @@ bool WaitUntilListening(const Endpoint& endpoint, absl::Duration timeout) {
   }
   freeaddrinfo(found);
   return listening;
+}
+
+absl::StatusOr<Endpoint> ParseMetricsListen(const std::string& text) {
+  int port;
+  if (absl::SimpleAtoi(text, &port)) {
+    if (port < 0 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("port ", text,
+                       " is not 0..65535; give HOST:PORT, or PORT for "
+                       "127.0.0.1:PORT"));
+    }
+    return Endpoint{"127.0.0.1", port};
+  }
+  auto endpoint = ParseEndpoint(text);
+  if (!endpoint.ok()) {
+    // ParseEndpoint's message ends with the HOST:PORT forms it expects.
+    return absl::InvalidArgumentError(absl::StrCat(
+        endpoint.status().message(), ", or PORT alone for 127.0.0.1:PORT"));
+  }
+  return endpoint;
 }
 
 }  // namespace ctrun

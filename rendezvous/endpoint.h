@@ -31,6 +31,11 @@ absl::StatusOr<Endpoint> ParseEndpoint(
 absl::StatusOr<std::vector<Endpoint>> ParseEndpointList(
     absl::string_view text, std::optional<int> default_port = std::nullopt);
 
+// A --metrics_listen value: HOST:PORT, or PORT alone for 127.0.0.1:PORT
+// (metrics tell who runs what: loopback unless asked). INVALID_ARGUMENT
+// naming both forms otherwise.
+absl::StatusOr<Endpoint> ParseMetricsListen(const std::string& text);
+
 // "HOST:PORT,HOST:PORT", as ParseEndpointList reads it.
 std::string JoinEndpoints(const std::vector<Endpoint>& endpoints);
 

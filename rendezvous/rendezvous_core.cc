@@ -45,6 +45,8 @@ struct RendezvousCore::Job {
   int64_t round = 0;
   int32_t restart_count = 0;
   absl::Time round_opened;
+  // When this service first held the job (its creation, or its restore).
+  absl::Time created;
   absl::Time last_call_deadline = absl::InfiniteFuture();
 
   std::map<SessionId, Node> nodes;
@@ -207,6 +209,15 @@ v1::ServerMessage RestartMessage(int64_t round,
   return m;
 }
 
+v1::Event& AddEvent(const std::string& job, int64_t round, const char* what,
+                    Effects* effects) {
+  v1::Event& e = effects->events.emplace_back();
+  e.set_event(what);
+  e.set_job(job);
+  e.set_round(static_cast<int32_t>(round));
+  return e;
+}
+
 // Sections a job learns at most, and the longest name.
 constexpr size_t kMaxLearnedSections = 64;
 constexpr size_t kMaxSectionBytes = 63;
@@ -243,6 +254,21 @@ std::string DescribeFailure(const std::string& node_name,
 }
 
 }  // namespace
+
+const char* RestartReasonName(v1::RestartRequired::Reason reason) {
+  switch (reason) {
+    case v1::RestartRequired::WORKER_FAILED:
+      return "worker_failed";
+    case v1::RestartRequired::NODE_LOST:
+      return "node_lost";
+    case v1::RestartRequired::NODE_WAITING:
+      return "scale_up";
+    case v1::RestartRequired::WORKER_HUNG:
+      return "worker_hung";
+    default:
+      return "unspecified";
+  }
+}
 
 RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {
   store_budget_.limit = limits_.max_store_bytes;
@@ -326,8 +352,10 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
     job->id = join.job_id();
     job->settings = *settings;
     job->round_opened = now;
+    job->created = now;
     it = jobs_.emplace(job->id, std::move(job)).first;
     effects->changed_jobs.push_back(join.job_id());
+    AddEvent(it->second->id, 0, "round_opened", effects).set_reason("first");
   }
   Job& job = *it->second;
   if (std::string diff = DescribeSettingsDifference(job.settings, *settings);
@@ -379,6 +407,7 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
 
   Node& node = job.AddNode(session, join);
   node.last_seen = now;
+  AddEvent(job.id, job.round, "node_joined", effects).set_node(node.Name());
   session_jobs_[session] = job.id;
   job.forget_at = absl::InfiniteFuture();
   job.lease_check = std::min(job.lease_check, now + job.heartbeat_timeout());
@@ -533,13 +562,24 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
       // Not journaled: a node restored as active says again that it
       // succeeded when it resumes, and a 1000-node job would otherwise
       // sync its journal 1000 times as it ends.
-      MaybeFinishJob(job, effects);
+      MaybeFinishJob(job, now, effects);
       return;
     case v1::WorkerReport::FAILED: {
       node.workers_running = false;
+      const v1::WorkerFailure& failure = report.failure();
+      const bool hung = failure.hung();
+      {
+        v1::Event& e = AddEvent(
+            job.id, job.round, hung ? "worker_hung" : "worker_failed", effects);
+        e.set_node(node.Name());
+        e.set_rank(failure.global_rank());
+        e.set_local_rank(failure.local_rank());
+        if (!hung) e.set_exit_code(failure.exit_code());
+        if (failure.signal() != 0) e.set_signal(failure.signal());
+        if (!failure.message().empty()) e.set_detail(failure.message());
+      }
       if (job.pending_failure) return;  // the first failure decides
-      const std::string what = DescribeFailure(node.Name(), report.failure());
-      const bool hung = report.failure().hung();
+      const std::string what = DescribeFailure(node.Name(), failure);
       if (job.restart_count >= job.settings.max_restarts()) {
         const std::string reason =
             absl::StrCat(what, "; no restarts left (max_restarts=",
@@ -547,7 +587,7 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
         job.failure_hung = hung;
         // With one node there is no other node whose loss could explain it.
         if (job.settings.max_nodes() == 1) {
-          FailJob(job, reason, effects);
+          FailJob(job, reason, now, effects);
           return;
         }
         job.pending_failure =
@@ -649,6 +689,13 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     if (job.lost.size() > kMaxLostShown) job.lost.pop_front();
   }
   if (succeeded) job.succeeded_and_left.insert(session);
+  {
+    const bool lost = (running || collecting) && member;
+    v1::Event& e =
+        AddEvent(job.id, job.round, lost ? "node_lost" : "node_left", effects);
+    e.set_node(node.Name());
+    e.set_reason(why);
+  }
 
   if (job.nodes.empty()) {
     ForgetJob(job.id, effects);
@@ -675,6 +722,9 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
         " was given back: node ", node.Name(), " of that round was lost (", why,
         "), and the failure was its consequence");
     effects->changed_jobs.push_back(job.id);
+    v1::Event& e = AddEvent(job.id, job.round, "restart_refunded", effects);
+    e.set_detail(job.refund_reason);
+    e.set_restart_count(job.restart_count);
   }
   if (collecting) {
     if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
@@ -698,6 +748,13 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   job.failure_hung = false;
   job.stragglers.NewRound();
   job.last_call_deadline = absl::InfiniteFuture();
+  {
+    v1::Event& e = AddEvent(job.id, job.round, "round_opened", effects);
+    e.set_reason(RestartReasonName(reason));
+    e.set_detail(detail);
+    e.set_restart_count(job.restart_count);
+    e.set_max_restarts(job.settings.max_restarts());
+  }
   job.store.Reset(
       absl::AbortedError(absl::StrCat("round ", job.round - 1, " of job '",
                                       job.id, "' ended: ", detail)),
@@ -752,14 +809,14 @@ void RendezvousCore::MaybeCloseRound(Job& job, absl::Time now,
   // A full round still waits for the last call when nodes of the previous
   // round are on their way back: they rank before newcomers.
   if (joined >= job.settings.max_nodes() && (pending == 0 || last_call_over)) {
-    return CloseRound(job, effects);
+    return CloseRound(job, now, effects);
   }
   const bool everyone_back =
       job.round > 0 && pending == 0 && !job.survivors_unknown;
-  if (everyone_back || last_call_over) CloseRound(job, effects);
+  if (everyone_back || last_call_over) CloseRound(job, now, effects);
 }
 
-void RendezvousCore::CloseRound(Job& job, Effects* effects) {
+void RendezvousCore::CloseRound(Job& job, absl::Time now, Effects* effects) {
   std::vector<Node*> members;
   for (auto& [session, node] : job.nodes) {
     if (node.state == v1::NodeStatus::JOINED) members.push_back(&node);
@@ -824,14 +881,27 @@ void RendezvousCore::CloseRound(Job& job, Effects* effects) {
     effects->messages.emplace_back(node.session, std::move(m));
   }
   job.refund_reason.clear();
+  v1::Event& e = AddEvent(job.id, job.round, "round_closed", effects);
+  e.set_nodes(static_cast<int32_t>(members.size()));
+  e.set_world_size(job.world_size);
+  e.set_master(absl::StrCat(job.master_addr, ":", job.master_port));
+  e.set_restart_count(job.restart_count);
+  e.set_max_restarts(job.settings.max_restarts());
+  e.set_duration_s(absl::ToDoubleSeconds(now - job.round_opened));
 }
 
 void RendezvousCore::FailJob(Job& job, const std::string& reason,
-                             Effects* effects) {
+                             absl::Time now, Effects* effects) {
   job.phase = v1::JobStatus::FAILED;
   job.failure = reason;
   job.progress_due = false;
   effects->changed_jobs.push_back(job.id);
+  {
+    v1::Event& e = AddEvent(job.id, job.round, "job_failed", effects);
+    e.set_reason(reason);
+    e.set_restart_count(job.restart_count);
+    e.set_duration_s(absl::ToDoubleSeconds(now - job.created));
+  }
   job.store.Reset(
       absl::AbortedError(absl::StrCat("job '", job.id, "' failed: ", reason)),
       &effects->fired);
@@ -845,9 +915,14 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
   }
 }
 
-void RendezvousCore::FinishJob(Job& job, Effects* effects) {
+void RendezvousCore::FinishJob(Job& job, absl::Time now, Effects* effects) {
   job.phase = v1::JobStatus::FINISHED;
   effects->changed_jobs.push_back(job.id);
+  {
+    v1::Event& e = AddEvent(job.id, job.round, "job_finished", effects);
+    e.set_restart_count(job.restart_count);
+    e.set_duration_s(absl::ToDoubleSeconds(now - job.created));
+  }
   for (const auto& [session, node] : job.nodes) {
     v1::ServerMessage m;
     m.mutable_job_finished()->set_round(job.round);
@@ -869,7 +944,8 @@ void RendezvousCore::ForgetJob(const std::string& job_id, Effects* effects) {
   jobs_.erase(it);
 }
 
-void RendezvousCore::MaybeFinishJob(Job& job, Effects* effects) {
+void RendezvousCore::MaybeFinishJob(Job& job, absl::Time now,
+                                    Effects* effects) {
   if (job.phase != v1::JobStatus::RUNNING || job.pending_failure) return;
   const bool all =
       std::all_of(job.ranked.begin(), job.ranked.end(), [&job](SessionId s) {
@@ -878,7 +954,7 @@ void RendezvousCore::MaybeFinishJob(Job& job, Effects* effects) {
                    ? it->second.state == v1::NodeStatus::SUCCEEDED
                    : job.succeeded_and_left.contains(s);
       });
-  if (all) FinishJob(job, effects);
+  if (all) FinishJob(job, now, effects);
 }
 
 std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
@@ -987,13 +1063,13 @@ void RendezvousCore::TickJob(Job& job, absl::Time now, Effects* effects) {
   if (job.pending_failure && now >= job.pending_failure->deadline) {
     const std::string reason = job.pending_failure->reason;
     job.pending_failure.reset();
-    FailJob(job, reason, effects);
+    FailJob(job, reason, now, effects);
   }
   if (job.phase == v1::JobStatus::COLLECTING) {
     MaybeCloseRound(job, now, effects);
     if (job.phase == v1::JobStatus::COLLECTING && now >= job.join_deadline() &&
         job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
-      FailJob(job, JoinTimeoutReason(job), effects);
+      FailJob(job, JoinTimeoutReason(job), now, effects);
     }
   }
   if (job.phase == v1::JobStatus::COLLECTING && job.progress_due &&
@@ -1242,6 +1318,7 @@ absl::Status RendezvousCore::Restore(
     job->longest_ms[l.section()] = std::max<int64_t>(0, l.longest_ms());
   }
   job->round_opened = now;
+  job->created = now;
   job->survivors_unknown = phase == v1::JobStatus::COLLECTING;
   if (phase != v1::JobStatus::COLLECTING) {
     job->world_size = snapshot.world_size();

@@ -57,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ctrun/v1/admin.pb.h"
+#include "ctrun/v1/event.pb.h"
 #include "ctrun/v1/journal.pb.h"
 #include "ctrun/v1/rendezvous.pb.h"
 #include "ctrun/v1/store.pb.h"
@@ -78,6 +79,9 @@ struct Effects {
   std::vector<KvStore::Fired> fired;
   // Jobs whose journaled state (SnapshotJob) changed, possibly repeated.
   std::vector<std::string> changed_jobs;
+  // What happened, in order, for the event log and the metrics; the owner
+  // stamps `time` and `source`.
+  std::vector<v1::Event> events;
 };
 
 struct RendezvousLimits {
@@ -97,6 +101,10 @@ struct RendezvousLimits {
   // nothing for long.
   absl::Duration first_message_timeout = absl::Seconds(10);
 };
+
+// A restart's reason as the event log and the metrics name it:
+// worker_failed, node_lost, scale_up, worker_hung.
+const char* RestartReasonName(v1::RestartRequired::Reason reason);
 
 class RendezvousCore {
  public:
@@ -189,13 +197,14 @@ class RendezvousCore {
                      const std::string& detail, absl::Time now,
                      Effects* effects);
   void MaybeCloseRound(Job& job, absl::Time now, Effects* effects);
-  void CloseRound(Job& job, Effects* effects);
-  void FailJob(Job& job, const std::string& reason, Effects* effects);
-  void FinishJob(Job& job, Effects* effects);
+  void CloseRound(Job& job, absl::Time now, Effects* effects);
+  void FailJob(Job& job, const std::string& reason, absl::Time now,
+               Effects* effects);
+  void FinishJob(Job& job, absl::Time now, Effects* effects);
   void ForgetJob(const std::string& job_id, Effects* effects);
   void TickJob(Job& job, absl::Time now, Effects* effects);
   // Finishes the running job when every member has succeeded.
-  void MaybeFinishJob(Job& job, Effects* effects);
+  void MaybeFinishJob(Job& job, absl::Time now, Effects* effects);
 
   // Whether `job` is in its first round, still below min_nodes.
   static bool WaitsInFirstRound(const Job& job);

@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ctrun/v1/admin.grpc.pb.h"
@@ -117,6 +119,13 @@ class RendezvousServer::Impl {
   // mutations of concurrent requests share one journal commit.
   void ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                     const v1::StoreRequest& request);
+  // Counts one store request answered (StorePipe::Reply).
+  void CountStoreOperation(std::string_view kind, absl::Duration latency,
+                           absl::StatusCode code) {
+    if (options_.metrics) {
+      options_.metrics->StoreOperation(kind, latency, code);
+    }
+  }
   // Drops the parked requests of a stream that ended.
   void CancelWaits(const absl::flat_hash_map<uint64_t, Parked>& parked);
 
@@ -148,6 +157,11 @@ class RendezvousServer::Impl {
   void WakeTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(Delivery& delivery);
   Delivery StageLocked(Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The event log's lines and the metrics' counts of `effects`.
+  void RecordEffectsLocked(const Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RendezvousMetrics::Holding HoldingLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogEffectsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
@@ -252,6 +266,19 @@ class StorePipe final
 
   // Sends one response.
   void Reply(v1::StoreResponse response) {
+    std::optional<Started> started;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = started_.find(response.id()); it != started_.end()) {
+        started = it->second;
+        started_.erase(it);
+      }
+    }
+    if (started) {
+      impl_->CountStoreOperation(
+          started->kind, MonotonicNow() - started->at,
+          static_cast<absl::StatusCode>(response.code()));
+    }
     Enqueue(std::move(response));
     Flush();
   }
@@ -267,6 +294,11 @@ class StorePipe final
 
  private:
   void OnMessage(const v1::StoreRequest& request) override {
+    if (const auto* op =
+            request.GetDescriptor()->FindFieldByNumber(request.op_case())) {
+      absl::MutexLock lock(&mu_);
+      started_[request.id()] = {op->name(), MonotonicNow()};
+    }
     impl_->ExecuteStore(shared_from_this(), request);
   }
   void OnPeerGone() override {
@@ -282,6 +314,12 @@ class StorePipe final
   Access access_;  // set before the first request
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Parked> parked_ ABSL_GUARDED_BY(mu_);
+  // Requests not answered yet: their kind, and when they came.
+  struct Started {
+    std::string kind;
+    absl::Time at;
+  };
+  absl::flat_hash_map<uint64_t, Started> started_ ABSL_GUARDED_BY(mu_);
 };
 
 class StoreService final : public v1::Store::CallbackService {
@@ -422,6 +460,12 @@ absl::Status Impl::Start() {
   }
   bound_ = options_.listen;
   bound_.port = port;
+  if (options_.metrics) {
+    options_.metrics->SetHolding([this] {
+      absl::MutexLock lock(&mu_);
+      return HoldingLocked();
+    });
+  }
   timer_ = std::thread([this] { TimerLoop(); });
   return absl::OkStatus();
 }
@@ -432,6 +476,7 @@ void Impl::Shutdown() {
     if (stopping_) return;
     stopping_ = true;
   }
+  if (options_.metrics) options_.metrics->SetHolding(nullptr);
   if (server_) {
     // Open sessions never end by themselves: cancel them right away.
     server_->Shutdown(std::chrono::system_clock::now());
@@ -473,6 +518,7 @@ absl::StatusOr<Access> Impl::Authorize(grpc::CallbackServerContext* ctx,
   }
   spdlog::warn("refused {} from {}: {}", method, ctx->peer(),
                std::string(refused.message()));
+  if (options_.metrics) options_.metrics->Refusal(method, refused.code());
   return refused;
 }
 
@@ -612,6 +658,10 @@ void Impl::JournalJobsLocked(const Effects& effects) {
   // the next one resumes them.
   if (!durable_ || stopping_) return;
   if (effects.changed_jobs.empty() && !durable_->HasUnsavedJobs()) return;
+  const absl::Time start = MonotonicNow();
+  absl::Cleanup count = [&] {
+    if (options_.metrics) options_.metrics->LogWrite(MonotonicNow() - start);
+  };
   durable_->SaveJobs(
       effects.changed_jobs,
       [this](const std::string& id)
@@ -638,6 +688,7 @@ bool Impl::WantsTrimLocked() {
 
 Delivery Impl::StageLocked(Effects& effects) {
   LogEffectsLocked(effects);
+  RecordEffectsLocked(effects);
   JournalJobsLocked(effects);
   Delivery delivery;
   auto reactor_of = [this](SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
@@ -664,6 +715,44 @@ Delivery Impl::StageLocked(Effects& effects) {
   delivery.trim = WantsTrimLocked();
   WakeTimerLocked();
   return delivery;
+}
+
+void Impl::RecordEffectsLocked(const Effects& effects) {
+  for (const v1::Event& event : effects.events) {
+    if (options_.event_log) options_.event_log->Write("rendezvous", event);
+    if (options_.metrics) options_.metrics->Count(event);
+  }
+  if (options_.metrics) {
+    for (const auto& [id, status] : effects.finishes) {
+      if (!status.ok()) options_.metrics->Refusal("Session", status.code());
+    }
+  }
+}
+
+RendezvousMetrics::Holding Impl::HoldingLocked() const {
+  RendezvousMetrics::Holding h;
+  for (const auto* name : {"collecting", "running", "finished", "failed"}) {
+    h.jobs[name] = 0;
+  }
+  for (const auto* name :
+       {"joined", "pending_rejoin", "active", "succeeded", "waiting"}) {
+    h.nodes[name] = 0;
+  }
+  int in_job = 0, resuming = 0;
+  for (const v1::JobStatus& job : core_.ListJobs(MonotonicNow())) {
+    ++h.jobs[absl::AsciiStrToLower(v1::JobStatus::Phase_Name(job.phase()))];
+    for (const v1::NodeStatus& node : job.nodes()) {
+      ++h.nodes[absl::AsciiStrToLower(
+          v1::NodeStatus::State_Name(node.state()))];
+      ++(node.resuming() ? resuming : in_job);
+    }
+  }
+  h.sessions["in_job"] = in_job;
+  h.sessions["resuming"] = resuming;
+  h.sessions["not_joined"] =
+      std::max(0, static_cast<int>(sessions_.size()) - in_job);
+  h.store_bytes = static_cast<double>(core_.store_bytes());
+  return h;
 }
 
 void Impl::LogEffectsLocked(const Effects& effects) {
@@ -815,8 +904,12 @@ void Impl::ApplyStoreLocked(QueuedStoreRequest& queued, StoreBatch* batch,
 
 void Impl::CommitLocked(StoreBatch* batch, Delivery* delivery) {
   if (batch->staging.empty()) return;
+  const absl::Time start = MonotonicNow();
   const absl::Status committed =
       durable_ ? durable_->Commit() : absl::OkStatus();
+  if (durable_ && options_.metrics) {
+    options_.metrics->LogWrite(MonotonicNow() - start);
+  }
   for (KvStore* store : batch->staging) {
     if (!committed.ok()) store->RollbackTo(0);
     store->Commit(&delivery->fired);

@@ -20,6 +20,8 @@
 #include "absl/time/time.h"
 #include "rendezvous/durable_state.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/event_log.h"
+#include "rendezvous/metrics.h"
 #include "rendezvous/munge.h"
 #include "rendezvous/rendezvous_core.h"
 
@@ -55,6 +57,11 @@ struct ServerOptions {
   // UNAVAILABLE (a ctrund whose etcd lease may have lapsed; it steps down
   // on its own).
   std::function<bool()> may_serve;
+  // When set, the service counts what happens there, and tells it what it
+  // holds at each scrape until it shuts down (metrics.h).
+  std::shared_ptr<RendezvousMetrics> metrics;
+  // When set, every event of the jobs goes there (event_log.h).
+  std::shared_ptr<EventLog> event_log;
   // When store changes and job states are synced (durable_state.h).
   FsyncPolicy fsync = FsyncPolicy::kBatch;
   // Start from a journal damaged before its end (Journal::Options::repair).

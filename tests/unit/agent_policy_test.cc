@@ -186,6 +186,26 @@ class Harness {
     }
     return names;
   }
+  // The events recorded, as "event/round".
+  std::vector<std::string> Records() const {
+    std::vector<std::string> out;
+    for (const auto& effect : effects_) {
+      if (auto* r = std::get_if<e::Record>(&effect)) {
+        out.push_back(absl::StrCat(r->event.event(), "/", r->event.round()));
+      }
+    }
+    return out;
+  }
+  // The i-th event recorded.
+  const v1::Event& Recorded(size_t i) const {
+    for (const auto& effect : effects_) {
+      if (auto* r = std::get_if<e::Record>(&effect); r && i-- == 0) {
+        return r->event;
+      }
+    }
+    FAIL("no such record");
+    throw;
+  }
   std::optional<int> ExitCode() const {
     if (!Has<e::Exit>()) return std::nullopt;
     return Get<e::Exit>().code;
@@ -644,6 +664,42 @@ TEST_CASE("A restart stops the workers and rejoins once they are gone",
   CHECK(h.policy().phase() == Phase::kJoining);
   h.Assign(1);
   CHECK(h.policy().phase() == Phase::kRunning);
+}
+
+TEST_CASE("The agent records its round, its workers' lives and the end",
+          "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  CHECK(h.Records() == std::vector<std::string>{"assigned/0",
+                                                "worker_started/0",
+                                                "worker_started/0"});
+  const v1::Event& started = h.Recorded(2);
+  CHECK(started.rank() == 5);
+  CHECK(started.local_rank() == 1);
+  CHECK(started.pid() == 101);
+  h.Advance(absl::Seconds(2));
+  h.Exit(1, 3);
+  REQUIRE(h.Records() == std::vector<std::string>{"worker_exited/0"});
+  const v1::Event& exited = h.Recorded(0);
+  CHECK(exited.rank() == 5);
+  CHECK(exited.exit_code() == 3);
+  CHECK_FALSE(exited.has_signal());
+  CHECK(exited.duration_s() == 2.0);
+  v1::ServerMessage restart = Restart(1, "rank 5 exited with code 3");
+  restart.mutable_restart_required()->set_reason(
+      v1::RestartRequired::WORKER_FAILED);
+  h.Message(restart);
+  REQUIRE(h.Records() == std::vector<std::string>{"restart_required/1"});
+  CHECK(h.Recorded(0).reason() == "worker_failed");
+  h.Exit(0, 0, SIGTERM);
+  REQUIRE(h.Records() == std::vector<std::string>{"worker_exited/0"});
+  CHECK(h.Recorded(0).exit_code() == 128 + SIGTERM);
+  h.Assign(1);
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  h.Message(Finished());
+  CHECK(h.Records() ==
+        std::vector<std::string>{"job_finished/1", "agent_exited/1"});
 }
 
 TEST_CASE(

@@ -315,7 +315,8 @@ TEST_CASE("Flags without use in ctrun are accepted and explained",
             "--rdzv_conf use_libuv=1 has no effect: PyTorch's own TCPStore "
             "on MASTER_PORT is untouched",
             "--event_log_handler=console has no effect: torchelastic's event "
-            "handlers are Python plugins; ctrun logs its events on stderr"});
+            "handlers are Python plugins; ctrun writes its events with "
+            "--event_log FILE"});
   // --numa-binding is implemented (launcher/numa_binding.h).
   CHECK(newer->options.numa_binding == NumaPolicy::kNode);
   // Their values are checked as torchrun checks them.
@@ -332,7 +333,8 @@ TEST_CASE("Flags may be abbreviated as in torchrun, and typos get a suggestion",
   CHECK(abbreviated->options.standalone);
   CHECK(Parse({"--m=1", "t"}).status().message() ==
         "ambiguous flag '--m': it could be --max_restarts, "
-        "--monitor_interval, --module, --master_addr, --master_port");
+        "--monitor_interval, --module, --master_addr, --master_port, "
+        "--metrics_listen");
   CHECK(Parse({"--nprocs-per-node=2", "t"}).status().message() ==
         "unknown flag '--nprocs-per-node'; did you mean --nproc_per_node? see "
         "ctrun --help (script flags go after the entrypoint)");

@@ -163,6 +163,8 @@ class Harness {
       return m.has_straggler() ? std::optional(m.straggler()) : std::nullopt;
     });
   }
+  // Every event so far, in order.
+  const std::vector<v1::Event>& events() const { return events_; }
   // Jobs named changed since the last Clear.
   const std::set<std::string>& changed() const { return changed_; }
   bool Finished(SessionId s) const {
@@ -212,6 +214,7 @@ class Harness {
     for (auto& [s, status] : fx.finishes) ended_[s] = status;
     for (auto& f : fx.fired) f.callback(std::move(f.result));
     changed_.insert(fx.changed_jobs.begin(), fx.changed_jobs.end());
+    for (auto& e : fx.events) events_.push_back(std::move(e));
   }
 
   v1::JobSettings settings_;
@@ -222,6 +225,7 @@ class Harness {
   std::set<SessionId> joined_;
   std::set<SessionId> silent_;
   std::set<std::string> changed_;
+  std::vector<v1::Event> events_;
 };
 
 TEST_CASE("Round closes at max nodes without waiting for last call",
@@ -472,6 +476,51 @@ TEST_CASE("A worker failure spends one restart and restarts every node",
   h.Rejoin(1, 1);
   h.Rejoin(2, 1);
   CHECK(h.LastAssignment(1)->restart_count() == 1);
+}
+
+TEST_CASE(
+    "Events tell a job's life in order: joins, rounds with their reasons, "
+    "the failure, the loss and the end",
+    "[rendezvous][unit]") {
+  Harness h(1, 2, 2);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Advance(absl::Seconds(1));
+  h.Report(1, 0, v1::WorkerReport::FAILED);  // rank 3 exits 7
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  h.Close(2);  // b's agent dies while its workers run
+  h.Rejoin(1, 2);
+  h.Report(1, 2, v1::WorkerReport::SUCCEEDED);
+
+  std::vector<std::string> seen;
+  for (const v1::Event& e : h.events()) {
+    CHECK(e.job() == "job");
+    seen.push_back(absl::StrCat(
+        e.event(), "@", e.round(),
+        e.has_reason() && e.event() == "round_opened" ? ":" + e.reason() : ""));
+  }
+  CHECK(seen == std::vector<std::string>{
+                    "round_opened@0:first", "node_joined@0", "node_joined@0",
+                    "round_closed@0", "worker_failed@0",
+                    "round_opened@1:worker_failed", "round_closed@1",
+                    "node_lost@1", "round_opened@2:node_lost", "round_closed@2",
+                    "job_finished@2"});
+  const auto& e = h.events();
+  CHECK(e[1].node() == "a:1001");
+  CHECK(e[3].nodes() == 2);
+  CHECK(e[3].world_size() == 2);
+  CHECK(e[3].master() == "10.0.0.1:20001");
+  CHECK(e[3].duration_s() == 0.0);  // max_nodes closed it at once
+  CHECK(e[4].rank() == 3);
+  CHECK(e[4].exit_code() == 7);
+  CHECK_FALSE(e[4].has_signal());
+  CHECK(e[5].restart_count() == 1);
+  CHECK(e[5].max_restarts() == 2);
+  CHECK(e[7].node() == "b:1002");
+  CHECK(e[7].reason() == "its session closed");
+  CHECK(e[8].restart_count() == 1);  // a loss spends no restart
+  CHECK(e[10].duration_s() == 1.0);
 }
 
 TEST_CASE("A failure with no restart left fails the job",
