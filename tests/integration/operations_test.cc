@@ -142,7 +142,7 @@ std::vector<std::string> Sequence(const std::vector<v1::Event>& events,
 
 TEST_CASE(
     "Prometheus scrapes ctrund's metrics and stores what a job with a "
-    "failure and a node loss did; the event logs tell it in order",
+    "failure and a node loss did, and the event logs tell it in order",
     "[operations][integration]") {
   ScratchDir dir;
   const int metrics_port = FreePort();
