@@ -119,6 +119,8 @@ class RendezvousServer::Impl {
   // mutations of concurrent requests share one journal commit.
   void ExecuteStore(const std::shared_ptr<StorePipe>& pipe,
                     const v1::StoreRequest& request);
+  // Whether store requests are timed (only for the metrics).
+  bool CountsStore() const { return options_.metrics != nullptr; }
   // Counts one store request answered (StorePipe::Reply).
   void CountStoreOperation(std::string_view kind, absl::Duration latency,
                            absl::StatusCode code) {
@@ -294,8 +296,12 @@ class StorePipe final
 
  private:
   void OnMessage(const v1::StoreRequest& request) override {
+    // The descriptor lookup and the map are the hot path's: none without
+    // metrics.
     if (const auto* op =
-            request.GetDescriptor()->FindFieldByNumber(request.op_case())) {
+            impl_->CountsStore()
+                ? request.GetDescriptor()->FindFieldByNumber(request.op_case())
+                : nullptr) {
       absl::MutexLock lock(&mu_);
       started_[request.id()] = {op->name(), MonotonicNow()};
     }
