@@ -492,9 +492,11 @@ struct SlurmContext {
 // Inside a Slurm job, fills what flags and PET_* left at their defaults:
 // the run id and, for a multi-node step, the node count, node rank and
 // rendezvous endpoint. Explicit rendezvous flags always win, as a whole.
+// `status`: for `ctrun status`, which may run in any step, the batch step
+// included, to find the rendezvous of the step that trains.
 absl::StatusOr<SlurmContext> ApplySlurmDefaults(
     const std::vector<std::string>& args, const EnvMap& env,
-    const HostFacts& host, Raw& raw) {
+    const HostFacts& host, Raw& raw, bool status) {
   auto read = ReadSlurmFacts(env);
   if (!read.ok()) return read.status();
   SlurmContext slurm;
@@ -515,7 +517,7 @@ absl::StatusOr<SlurmContext> ApplySlurmDefaults(
                     return raw[name].source != Source::kDefault;
                   });
   if (f.num_nodes > 1 && !explicit_rendezvous) {
-    if (!f.in_step()) {
+    if (!f.in_step() && !status) {
       return absl::InvalidArgumentError(absl::StrCat(
           "this is the batch step of a ", f.num_nodes,
           "-node Slurm allocation, which runs on its first node only; "
@@ -960,20 +962,41 @@ void RecordSources(const Raw& raw, const HostFacts& host, LaunchOptions& o) {
 }  // namespace
 
 absl::StatusOr<CommandLine> ParseCommandLine(
-    const std::vector<std::string>& args, const EnvMap& env,
+    const std::vector<std::string>& all_args, const EnvMap& env,
     const HostFacts& host) {
+  CommandLine result;
+  const bool status = !all_args.empty() && all_args[0] == "status";
+  std::vector<std::string> args;
+  for (size_t i = status ? 1 : 0; i < all_args.size(); ++i) {
+    // --json is status's own; after the program, it is the program's.
+    if (status && all_args[i] == "--json") {
+      result.json = true;
+      continue;
+    }
+    args.push_back(all_args[i]);
+  }
   auto split = SplitArgs(args);
   if (!split.ok()) return split.status();
-  CommandLine result;
   if (split->help || split->version) {
-    result.action = split->help ? CommandLine::Action::kHelp
+    result.action = split->help ? (status ? CommandLine::Action::kStatusHelp
+                                          : CommandLine::Action::kHelp)
                                 : CommandLine::Action::kVersion;
     return result;
   }
+  if (status && split->has_entrypoint) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "status takes flags only, got '", split->entrypoint,
+        "'; to run a program named status: ctrun [FLAGS] -- status"));
+  }
   Raw raw = LayerSources(*split, env);
-  auto slurm = ApplySlurmDefaults(args, env, host, raw);
+  auto slurm = ApplySlurmDefaults(args, env, host, raw, status);
   if (!slurm.ok()) return slurm.status();
   LaunchOptions& o = result.options;
+  if (status) {
+    // How many workers this node would start is no concern of status, which
+    // may run where the job's --nproc_per_node=gpu finds no GPU.
+    raw["nproc_per_node"] = RawValue{"1", Source::kDefault};
+  }
   CTRUN_RETURN_IF_ERROR(ConvertNodes(raw, slurm->host, o));
   CTRUN_RETURN_IF_ERROR(ConvertRendezvous(raw, o));
   CTRUN_RETURN_IF_ERROR(ConvertWorkers(raw, o));
@@ -981,6 +1004,12 @@ absl::StatusOr<CommandLine> ParseCommandLine(
   CTRUN_RETURN_IF_ERROR(ResolveRendezvous(*slurm, env, raw, o));
   if (auto it = env.find(env::kEnableFileTimer); it != env.end()) {
     o.file_timers = it->second == "1";
+  }
+  if (status) {
+    result.action = CommandLine::Action::kStatus;
+    result.slurm_job =
+        slurm->rendezvous && raw["rdzv_id"].source == Source::kSlurm;
+    return result;
   }
   if (!split->has_entrypoint) {
     return absl::InvalidArgumentError(
@@ -994,9 +1023,30 @@ absl::StatusOr<CommandLine> ParseCommandLine(
 }
 #undef CTRUN_RETURN_IF_ERROR
 
+std::string StatusHelpText() {
+  return "usage: ctrun status [FLAGS] [--json]\n"
+         "       ctrun status --rdzv_endpoint=node0:29400 --rdzv_id=job42\n\n"
+         "Shows a running job as its rendezvous sees it: its round, nodes, "
+         "ranks and\ntheir state, restarts and the last failure. FLAGS are "
+         "the job's own launch\nflags: those that say where its rendezvous "
+         "is and how to prove oneself to it\ncount (--rdzv_endpoint, "
+         "--rdzv_id, --rdzv_backend, --nnodes, --master_addr,\n"
+         "--rdzv_conf token_file=FILE or $CTRUN_RDZV_TOKEN, tls_ca); the "
+         "others are\naccepted and ignored. Inside a Slurm allocation it "
+         "needs none. A --standalone\njob's rendezvous lives inside its "
+         "ctrun and cannot be asked.\n\n"
+         "  --json\n      print the job as JSON (proto field names)\n"
+         "  -h, --help\n      this text\n\n"
+         "Exit status: 0 when the job was shown, 1 when the rendezvous could "
+         "not be\nreached or does not hold the job, 2 for a bad command "
+         "line.\n";
+}
+
 std::string HelpText() {
   std::string out = absl::StrCat(
       "usage: ctrun [FLAGS] ENTRYPOINT [ARGS...]\n"
+      "       ctrun status [FLAGS] [--json]   (a running job, see ctrun "
+      "status --help)\n"
       "       ctrun --standalone --nproc_per_node=4 train.py --lr 0.1\n\n"
       "Starts ENTRYPOINT once per worker with torchrun's environment (RANK, "
       "LOCAL_RANK,\nWORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). ENTRYPOINT "

@@ -30,19 +30,32 @@ struct HostFacts {
 };
 
 struct CommandLine {
-  enum class Action { kLaunch, kHelp, kVersion };
+  enum class Action { kLaunch, kHelp, kVersion, kStatus, kStatusHelp };
   Action action = Action::kLaunch;
   LaunchOptions options;
+  bool json = false;  // `ctrun status --json`
+  // `ctrun status` inside a multi-node Slurm allocation, with the rendezvous
+  // Slurm's defaults make up: whichever step of the allocation trains, its
+  // run id is not known here, so status shows every job the rendezvous holds.
+  bool slurm_job = false;
 };
 
 // `args` excludes argv[0]. INVALID_ARGUMENT, with a one-line message, for
 // anything that cannot be launched.
+//
+// `ctrun status [FLAGS] [--json]` (the first argument is `status`) asks the
+// rendezvous of a running job about it: FLAGS are the launch's own, of which
+// the rendezvous ones count (--rdzv_endpoint, --rdzv_id, --rdzv_conf, ...,
+// or Slurm's defaults inside an allocation); it takes no program. A program
+// named `status` still runs as `ctrun -- status` or `ctrun ./status`.
 absl::StatusOr<CommandLine> ParseCommandLine(
     const std::vector<std::string>& args, const EnvMap& env,
     const HostFacts& host);
 
 // The text of --help: a synopsis, then every flag.
 std::string HelpText();
+// The text of `ctrun status --help`.
+std::string StatusHelpText();
 
 inline constexpr char kCtrunVersion[] = "0.1.0";
 

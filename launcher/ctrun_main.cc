@@ -26,6 +26,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/grpc_log.h"
 #include "rendezvous/rendezvous_server.h"
+#include "rendezvous/status_report.h"
 
 extern char** environ;
 
@@ -126,6 +127,19 @@ absl::StatusOr<Credentials> ResolveCredentials(const LaunchOptions& options,
 std::string WorkerToken(const std::string& token, const std::string& job_id) {
   if (token.empty() || absl::StartsWith(token, "job.")) return token;
   return JobToken(token, job_id);
+}
+
+// A client of the rendezvous at `endpoint` (one or several, comma-separated)
+// with this node's credentials.
+absl::StatusOr<Connection> Connect(const std::string& endpoint,
+                                   const Credentials& credentials,
+                                   const LaunchOptions& options) {
+  ConnectionOptions connection_options;
+  connection_options.endpoint = endpoint;
+  connection_options.token = credentials.token;
+  connection_options.munge = credentials.munge;
+  connection_options.tls_ca_file = options.tls_ca;
+  return Connection::Open(connection_options);
 }
 
 // What operators watch a run by: --event_log and --metrics_listen.
@@ -275,14 +289,74 @@ absl::StatusOr<Rendezvous> ReachRendezvous(const LaunchOptions& options,
   }
   const std::string endpoint =
       server ? server->endpoint().ToString() : JoinEndpoints(plan.endpoints);
-  ConnectionOptions connection_options;
-  connection_options.endpoint = endpoint;
-  connection_options.token = credentials.token;
-  connection_options.munge = credentials.munge;
-  connection_options.tls_ca_file = options.tls_ca;
-  auto connection = Connection::Open(connection_options);
+  auto connection = Connect(endpoint, credentials, options);
   if (!connection.ok()) return connection.status();
   return Rendezvous{std::move(server), endpoint, std::move(*connection)};
+}
+
+// `ctrun status`: the job as its rendezvous holds it, reached and
+// authenticated as the job's own agents reach it.
+int RunStatus(const CommandLine& command, const EnvMap& env) {
+  const LaunchOptions& options = command.options;
+  if (options.rdzv_endpoint.empty()) {
+    return Fail(
+        "status: no rendezvous to ask: give the job's "
+        "--rdzv_endpoint=HOST:PORT and --rdzv_id (a --standalone job's "
+        "rendezvous lives inside its ctrun and cannot be asked)",
+        kUsageError);
+  }
+  auto plan = PlanRendezvous(options, Hostname(), env);
+  if (!plan.ok()) {
+    return Fail(absl::StrCat("status: ", plan.status().message()), kUsageError);
+  }
+  auto credentials = ResolveCredentials(options, env, *plan);
+  if (!credentials.ok()) {
+    return Fail(absl::StrCat("status: ", credentials.status().message()),
+                kUsageError);
+  }
+  // Another step's credential may read the status, not join the job.
+  if (command.slurm_job && credentials->munge) credentials->munge->job_id = "";
+  const std::string endpoint = JoinEndpoints(plan->endpoints);
+  auto connection = Connect(endpoint, *credentials, options);
+  if (!connection.ok()) {
+    return Fail(absl::StrCat("status: ", connection.status().message()),
+                kUsageError);
+  }
+  spdlog::set_level(spdlog::level::off);
+  RouteGrpcLogsToSpdlog();
+  AdminClient admin(*connection);
+  absl::StatusOr<v1::ListJobsResponse> jobs;
+  if (command.slurm_job) {
+    // The allocation's rendezvous serves the step that trains, whose id
+    // this step does not know: it shows what it holds.
+    jobs = admin.ListJobs();
+  } else if (auto job = admin.DescribeJob(options.run_id); job.ok()) {
+    jobs.emplace();
+    *jobs->add_jobs() = *std::move(job);
+  } else {
+    jobs = job.status();
+  }
+  const std::string which = command.slurm_job
+                                ? std::string("job of this Slurm allocation")
+                                : absl::StrCat("job '", options.run_id, "'");
+  if (absl::IsNotFound(jobs.status()) || (jobs.ok() && jobs->jobs().empty())) {
+    return Fail(
+        absl::StrCat("status: the rendezvous at ", endpoint, " holds no ",
+                     which, " (not started yet, ended",
+                     command.slurm_job ? ")" : ", or another --rdzv_id)"),
+        1);
+  }
+  if (!jobs.ok()) {
+    return Fail(absl::StrCat("status: cannot ask the rendezvous at ", endpoint,
+                             " about ", which, ": ", jobs.status().message()),
+                1);
+  }
+  if (command.json) {
+    std::cout << FormatJobsJson(*jobs);
+  } else {
+    std::cout << FormatJobs({jobs->jobs().begin(), jobs->jobs().end()});
+  }
+  return 0;
 }
 
 // Runs the agent with the console on threads of its own; returns its exit
@@ -411,6 +485,13 @@ int main(int argc, char** argv) {
   if (command->action == CommandLine::Action::kVersion) {
     std::cout << "ctrun " << kCtrunVersion << "\n";
     return 0;
+  }
+  if (command->action == CommandLine::Action::kStatusHelp) {
+    std::cout << StatusHelpText();
+    return 0;
+  }
+  if (command->action == CommandLine::Action::kStatus) {
+    return RunStatus(*command, env);
   }
   LaunchOptions& options = command->options;
   auto worker_argv = ResolveWorkerCommand(options, env);

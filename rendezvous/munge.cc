@@ -113,6 +113,7 @@ absl::StatusOr<MungeIdentity> MungeDecode(const std::string& socket,
 }
 
 std::string MungePayload(absl::string_view job_id) {
+  if (job_id.empty()) return "ctrun status";
   return absl::StrCat("ctrun rendezvous ", job_id);
 }
 

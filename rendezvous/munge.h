@@ -17,8 +17,10 @@
 
 namespace ctrun {
 
-// Who may speak to a rendezvous: clients with a credential for `job_id`.
-// A service accepts only credentials of its own uid.
+// Who may speak to a rendezvous: clients with a credential for `job_id`,
+// or, with no `job_id`, clients that only read its jobs' status (`ctrun
+// status` from another step of the same Slurm job). A service accepts only
+// credentials of its own uid.
 struct MungeAuth {
   std::string socket;  // munged's socket; empty for munge's default
   std::string job_id;
@@ -40,7 +42,8 @@ absl::StatusOr<std::string> MungeEncode(const std::string& socket,
 absl::StatusOr<MungeIdentity> MungeDecode(const std::string& socket,
                                           const std::string& credential);
 
-// The payload that binds a credential to a job.
+// The payload that binds a credential to a job; for an empty `job_id`, the
+// one that allows reading the status of the service's jobs and no more.
 std::string MungePayload(absl::string_view job_id);
 
 }  // namespace ctrun

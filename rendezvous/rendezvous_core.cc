@@ -80,6 +80,8 @@ struct RendezvousCore::Job {
   int64_t failure_restart_round = -1;
   // Why a restart was given back, for the next round's assignments.
   std::string refund_reason;
+  // What opened the latest round after the first (JobStatus.last_restart).
+  std::optional<v1::RestartRequired> last_restart;
   absl::Time failure_restart_at = absl::InfinitePast();
 
   // Restored from a journal: the survivors of its collecting round are not
@@ -755,6 +757,9 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
     e.set_restart_count(job.restart_count);
     e.set_max_restarts(job.settings.max_restarts());
   }
+  job.last_restart =
+      RestartMessage(job.round, reason, detail, job.restart_count)
+          .restart_required();
   job.store.Reset(
       absl::AbortedError(absl::StrCat("round ", job.round - 1, " of job '",
                                       job.id, "' ended: ", detail)),
@@ -1201,6 +1206,7 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
   s.set_master_port(job.master_port);
   s.set_failure(job.failure);
   s.set_num_keys(job.store.NumKeys());
+  if (job.last_restart) *s.mutable_last_restart() = *job.last_restart;
   for (const auto& lost : job.lost) s.add_lost_nodes(lost);
   job.FillLongest(s.mutable_longest());
   for (const auto& straggler : job.stragglers.named()) {
@@ -1248,6 +1254,7 @@ std::optional<v1::JobSnapshot> RendezvousCore::SnapshotJob(
   s.set_phase(job.phase);
   s.set_failure(job.failure);
   job.FillLongest(s.mutable_longest());
+  if (job.last_restart) *s.mutable_last_restart() = *job.last_restart;
   if (job.phase == v1::JobStatus::COLLECTING) return s;
   s.set_world_size(job.world_size);
   s.set_master_addr(job.master_addr);
@@ -1313,6 +1320,7 @@ absl::Status RendezvousCore::Restore(
   job->round = snapshot.round();
   job->restart_count = snapshot.restart_count();
   job->failure = snapshot.failure();
+  if (snapshot.has_last_restart()) job->last_restart = snapshot.last_restart();
   for (const v1::LearnedInterval& l : snapshot.longest()) {
     if (job->longest_ms.size() >= kMaxLearnedSections) break;
     job->longest_ms[l.section()] = std::max<int64_t>(0, l.longest_ms());

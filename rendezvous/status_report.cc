@@ -47,6 +47,12 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
     if (!job.failure().empty()) {
       absl::StrAppend(&out, "  failure: ", job.failure(), "\n");
     }
+    if (job.has_last_restart()) {
+      const v1::RestartRequired& r = job.last_restart();
+      absl::StrAppend(&out, "  last restart: round ", r.round(), ", ",
+                      Lower(v1::RestartRequired::Reason_Name(r.reason())), ": ",
+                      r.detail(), "\n");
+    }
     absl::StrAppendFormat(&out, "  %-5s %-24s %-22s %-8s %-14s %-11s %s\n",
                           "GROUP", "HOST", "ADDRESS", "PID", "STATE", "RANKS",
                           "HEARTBEAT");

@@ -188,6 +188,41 @@ TEST_CASE(
   CHECK(std::filesystem::is_empty(out));
 }
 
+TEST_CASE(
+    "ctrun status in the batch script needs no flags and shows the step "
+    "that trains",
+    "[slurm][e2e]") {
+  SlurmCluster cluster;
+  const std::string out = OutDir(cluster, "status");
+  // Rank 2 fails once; the next round runs until the script says go, after
+  // asking ctrun status from the batch step (on the first node).
+  const std::string body = absl::StrCat(
+      SrunCtrunWorker("--nproc_per_node=2 --max_restarts=1",
+                      absl::StrCat("flaky ", out, " 2 9")),
+      " &\n", "i=0\nwhile [ $i -lt 600 ] && ! [ -e ", out,
+      "/ready.3 ]; do sleep 0.1; i=$((i + 1)); done\n", CtrunPath(),
+      " status > ", out, "/status.txt 2>&1; echo $? > ", out, "/status.code\n",
+      "touch ", out, "/go\nwait\n");
+  auto job = cluster.Submit("status", Script({"-N 2", "-t 5"}, body));
+  const auto code = cluster.Wait(job, kJobTime);
+  INFO(cluster.Output(job));
+  CHECK(code == 0);
+  std::ifstream status_code(out + "/status.code");
+  int status_exit = -1;
+  status_code >> status_exit;
+  std::stringstream shown;
+  shown << std::ifstream(out + "/status.txt").rdbuf();
+  INFO(shown.str());
+  CHECK(status_exit == 0);
+  CHECK(shown.str().find(absl::StrCat("job slurm-", job.id,
+                                      ".0  running  round 1  nodes 2")) !=
+        std::string::npos);
+  CHECK(shown.str().find("restarts 1/1") != std::string::npos);
+  CHECK(shown.str().find("last restart: round 1, worker_failed: worker rank "
+                         "2 (local 0) on ") != std::string::npos);
+  CHECK(CountMatches(shown.str(), " active ") == 2);
+}
+
 TEST_CASE("A failing worker's exit code is the Slurm job's exit code",
           "[slurm][e2e]") {
   SlurmCluster cluster;

@@ -375,6 +375,132 @@ TEST_CASE("Nodes and their workers meet over TLS with a shared token",
   std::filesystem::remove_all(dir);
 }
 
+// `ctrun status` with `args`, as a user runs it on a node of the job: its
+// exit code, stdout and stderr.
+struct StatusRun {
+  std::optional<int> code;
+  std::string out, err;
+};
+StatusRun CtrunStatus(const std::vector<std::string>& args,
+                      const std::vector<std::string>& env = {}) {
+  std::vector<std::string> argv = {CtrunPath(), "status"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildProcess status(argv, env);
+  StatusRun run;
+  run.out = status.ReadAll(kWait);
+  run.code = status.Wait(kWait);
+  run.err = status.Stderr();
+  return run;
+}
+
+std::string ShellWorker() {
+  return SourceDir() + "/tests/support/shell_worker.sh";
+}
+
+// Waits until DIR/ready.RANK exists for each of `ranks` ranks.
+bool AllReady(const std::string& dir, int ranks) {
+  for (int i = 0; i < 600; ++i) {
+    int ready = 0;
+    for (int r = 0; r < ranks; ++r) {
+      ready += std::filesystem::exists(absl::StrCat(dir, "/ready.", r));
+    }
+    if (ready == ranks) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
+}
+
+TEST_CASE(
+    "ctrun status shows a running job's round, nodes, ranks, restarts and "
+    "last failure",
+    "[multinode][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-mn-status-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string token = dir + "/token", wrong = dir + "/wrong";
+  std::ofstream(token) << "status-secret\n";
+  std::ofstream(wrong) << "not-the-secret\n";
+  const int port = FreePort("127.0.0.2");
+  // The rendezvous flags of the launch, which status takes as they are.
+  const std::vector<std::string> rendezvous = {
+      "--nnodes=2", "--rdzv_backend=c10d",
+      absl::StrCat("--rdzv_endpoint=127.0.0.2:", port), "--rdzv_id=watched",
+      "--rdzv_conf=token_file=" + token};
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n : {2, 3}) {
+    std::vector<std::string> argv = {
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
+        "--nproc_per_node=2", "--max_restarts=2", "--no_python"};
+    argv.insert(argv.end(), rendezvous.begin(), rendezvous.end());
+    argv.insert(argv.end(), {ShellWorker(), "flaky", dir, "3", "5"});
+    nodes.push_back(std::make_unique<ChildProcess>(argv));
+  }
+  // Rank 3 failed in round 0; in round 1 every rank runs until told.
+  REQUIRE(AllReady(dir, 4));
+
+  const StatusRun shown = CtrunStatus(rendezvous);
+  INFO(shown.out << shown.err);
+  CHECK(shown.code == 0);
+  CHECK(std::regex_search(
+      shown.out, std::regex("job watched  running  round 1  nodes 2 \\(min 2, "
+                            "max 2\\)  world 4  restarts 1/2  master "
+                            "127\\.0\\.0\\.[23]:[0-9]+")));
+  CHECK(std::regex_search(
+      shown.out,
+      std::regex("last restart: round 1, worker_failed: worker rank 3 "
+                 "\\(local 1\\) on [^ ]+ exited with code 5; restart 1 of 2")));
+  // One line a node: its group rank, address, state and ranks.
+  CHECK(std::regex_search(
+      shown.out,
+      std::regex("\n  0 +[^ ]+ +127\\.0\\.0\\.[23] +[0-9]+ +active +0-1 ")));
+  CHECK(std::regex_search(
+      shown.out,
+      std::regex("\n  1 +[^ ]+ +127\\.0\\.0\\.[23] +[0-9]+ +active +2-3 ")));
+
+  const StatusRun json = CtrunStatus([&] {
+    auto args = rendezvous;
+    args.push_back("--json");
+    return args;
+  }());
+  INFO(json.out << json.err);
+  CHECK(json.code == 0);
+  CHECK(absl::StrContains(json.out, "\"job_id\": \"watched\""));
+  CHECK(absl::StrContains(json.out, "\"phase\": \"RUNNING\""));
+  CHECK(absl::StrContains(json.out, "\"round\": 1,"));
+  CHECK(absl::StrContains(json.out, "\"restart_count\": 1,"));
+  CHECK(absl::StrContains(json.out, "\"reason\": \"WORKER_FAILED\""));
+
+  // What goes wrong is said in one line, and nothing is shown.
+  auto refused = [](const StatusRun& run, int code, const std::string& why) {
+    INFO(run.out << run.err);
+    CHECK(run.code == code);
+    CHECK(run.out.empty());
+    CHECK(CountMatches(run.err, "\n") == 1);
+    CHECK(absl::StrContains(run.err, why));
+  };
+  auto with = [&](const std::string& flag) {
+    auto args = rendezvous;
+    args.push_back(flag);
+    return args;
+  };
+  refused(CtrunStatus(with("--rdzv_conf=token_file=" + wrong)), 1,
+          "wrong rendezvous token");
+  refused(CtrunStatus(with("--rdzv_id=nope")), 1,
+          "holds no job 'nope' (not started yet, ended, or another --rdzv_id)");
+  refused(CtrunStatus({}), 2, "no rendezvous to ask");
+  refused(CtrunStatus({"train.py"}), 2, "takes flags only");
+  refused(CtrunStatus({"--rdzv_endpoint=127.0.0.2:x"}), 2, "rdzv_endpoint");
+
+  std::ofstream(dir + "/go").close();
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->Wait(kWait) == 0);
+  }
+  // A job that ended is no longer held: the hosting agent has left.
+  refused(CtrunStatus(rendezvous), 1, "cannot ask the rendezvous");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A join timeout with a node missing says who joined",
           "[multinode][integration]") {
   Daemon daemon;
@@ -452,6 +578,56 @@ TEST_CASE("Under Slurm agents and workers authenticate with munge",
   std::regex ok("ok store rank=[0-3]");
   CHECK(std::distance(std::sregex_iterator(out.begin(), out.end(), ok),
                       std::sregex_iterator()) == 4);
+}
+
+TEST_CASE(
+    "Under Slurm ctrun status in the batch step needs no flags and shows the "
+    "step that trains",
+    "[multinode][integration]") {
+  Munged munged;
+  const std::string job =
+      std::to_string(500000 + std::random_device()() % 100000);
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-mn-slurm-status-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int id : {0, 1}) {
+    nodes.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{
+            CtrunPath(), absl::StrCat("--local_addr=127.0.0.", id + 2),
+            "--nproc_per_node=2", "--no_python", ShellWorker(), "wait", dir},
+        FakeSlurmStep(job, id, munged.socket())));
+  }
+  REQUIRE(AllReady(dir, 4));
+  // The batch step: Slurm's job, no step, on the allocation's first node.
+  std::vector<std::string> batch;
+  for (const std::string& v : FakeSlurmStep(job, 0, munged.socket())) {
+    if (!absl::StartsWith(v, "SLURM_STEP_")) batch.push_back(v);
+  }
+  const StatusRun shown = CtrunStatus({}, batch);
+  INFO(shown.out << shown.err);
+  CHECK(shown.code == 0);
+  CHECK(absl::StrContains(
+      shown.out,
+      absl::StrCat("job slurm-", job, ".0  running  round 0  nodes 2")));
+  CHECK(CountMatches(shown.out, " active ") == 2);
+  // A node without munge says so.
+  std::vector<std::string> no_munge;
+  for (const std::string& v : batch) {
+    no_munge.push_back(absl::StartsWith(v, "CTRUN_MUNGE_SOCKET=")
+                           ? "CTRUN_MUNGE_SOCKET=/nonexistent/munge.socket"
+                           : v);
+  }
+  const StatusRun refused = CtrunStatus({}, no_munge);
+  CHECK(refused.code == 2);
+  CHECK(absl::StrContains(refused.err, "authenticates with munge"));
+
+  std::ofstream(dir + "/go").close();
+  for (auto& node : nodes) {
+    INFO(node->Stderr());
+    CHECK(node->Wait(kWait) == 0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Under Slurm a node without munge stops at once and says so",

@@ -10,9 +10,35 @@
 #                                    SIGs (USR1, TERM) it receives into
 #                                    DIR/SIG.RANK; exits 0 one second after
 #                                    the first
+#   shell_worker.sh wait DIR         writes DIR/ready.RANK, then waits for
+#                                    DIR/go (at most 120 s) and exits 0
+#   shell_worker.sh flaky DIR R CODE in the first attempt rank R exits CODE
+#                                    and the others wait to be stopped; in
+#                                    the next ones every rank waits as above
 set -u
 mode=$1 dir=$2
+
+wait_for_go() {
+  touch "$dir/ready.$RANK"
+  i=0
+  while [ ! -e "$dir/go" ] && [ $i -lt 1200 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  [ -e "$dir/go" ]
+}
+
 case $mode in
+  wait)
+    wait_for_go
+    ;;
+  flaky)
+    if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+      [ "$RANK" = "$3" ] && exit "$4"
+      exec sleep 120
+    fi
+    wait_for_go
+    ;;
   env)
     env > "$dir/env.$RANK"
     shift 2

@@ -356,6 +356,46 @@ TEST_CASE("Redirect and tee specs select streams per local rank",
   CHECK_FALSE(ParseStreamSelection("0:1,x").ok());
 }
 
+TEST_CASE("ctrun status takes the launch's flags, --json, and no program",
+          "[launcher][unit]") {
+  auto c = Parse({"status", "--nnodes=2", "--nproc_per_node=4",
+                  "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400",
+                  "--rdzv_id=job42", "--json"});
+  REQUIRE(c.ok());
+  CHECK(c->action == CommandLine::Action::kStatus);
+  CHECK(c->json);
+  CHECK_FALSE(c->slurm_job);
+  CHECK(c->options.rdzv_endpoint == "node0:29400");
+  CHECK(c->options.run_id == "job42");
+  CHECK_FALSE(Parse({"status", "--rdzv_endpoint=h:1", "--rdzv_id=j"})->json);
+  // The launch's worker flags do not matter, even where they could not run.
+  const HostFacts no_gpu{"login", 4, 0, "no NVIDIA device", 0, ""};
+  CHECK(Parse({"status", "--nproc_per_node=gpu", "--rdzv_endpoint=h:1"}, {},
+              no_gpu)
+            .ok());
+  CHECK_FALSE(Parse({"--nproc_per_node=gpu", "t"}, {}, no_gpu).ok());
+
+  auto program = Parse({"status", "--rdzv_endpoint=h:1", "train.py"});
+  REQUIRE(absl::IsInvalidArgument(program.status()));
+  CHECK(program.status().message() ==
+        "status takes flags only, got 'train.py'; to run a program "
+        "named status: ctrun [FLAGS] -- status");
+  CHECK(absl::IsInvalidArgument(Parse({"status", "--rdzv_id"}).status()));
+  CHECK(Parse({"status", "--help"})->action ==
+        CommandLine::Action::kStatusHelp);
+  CHECK(StatusHelpText().find("usage: ctrun status [FLAGS] [--json]") == 0);
+  CHECK(HelpText().find("ctrun status [FLAGS] [--json]") != std::string::npos);
+  // Only in the first place: elsewhere `status` is a program like any other,
+  // and --json after a program is the program's.
+  auto launch = Parse({"--", "status", "--json"});
+  REQUIRE(launch.ok());
+  CHECK(launch->action == CommandLine::Action::kLaunch);
+  CHECK(launch->options.entrypoint == "status");
+  CHECK(launch->options.script_args == std::vector<std::string>{"--json"});
+  CHECK(Parse({"--nproc_per_node=2", "status"})->options.entrypoint ==
+        "status");
+}
+
 TEST_CASE("Help and version are recognised anywhere before the entrypoint",
           "[launcher][unit]") {
   CHECK(Parse({"--help"})->action == CommandLine::Action::kHelp);

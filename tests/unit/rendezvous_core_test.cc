@@ -1166,6 +1166,31 @@ TEST_CASE("A collecting job comes back empty with its round and restarts",
   }
 }
 
+TEST_CASE("A job's status tells its last restart, which a restore keeps",
+          "[rendezvous][restore][unit]") {
+  Harness before(2, 2, /*max_restarts=*/3);
+  before.Join(1, "a");
+  before.Join(2, "b");
+  CHECK_FALSE(
+      before.core().DescribeJob("job", before.now())->has_last_restart());
+  before.Report(1, 0, v1::WorkerReport::FAILED);
+  auto status = before.core().DescribeJob("job", before.now());
+  REQUIRE(status.ok());
+  REQUIRE(status->has_last_restart());
+  const RestartRequired& last = status->last_restart();
+  CHECK(last.round() == 1);
+  CHECK(last.reason() == RestartRequired::WORKER_FAILED);
+  CHECK(last.detail() == before.LastRestart(1)->detail());
+  CHECK(last.restart_count() == 1);
+
+  Harness after(2, 2, 3);
+  Restart(before, after);
+  auto restored = after.core().DescribeJob("job", after.now());
+  REQUIRE(restored.ok());
+  CHECK(restored->last_restart().SerializeAsString() ==
+        last.SerializeAsString());
+}
+
 TEST_CASE("A session that never sends its join is ended after a while",
           "[rendezvous][unit]") {
   Harness h(1, 1);

@@ -172,6 +172,32 @@ TEST_CASE("The batch step of a multi-node allocation shows the srun line",
             "--lr=1") != std::string::npos);
 }
 
+TEST_CASE("ctrun status in any step of an allocation finds its rendezvous",
+          "[slurm][unit]") {
+  EnvMap batch = TwoNodeStep(0);
+  batch.erase("SLURM_STEP_ID");
+  auto in_batch = ParseCommandLine({"status"}, batch, kCpuHost);
+  REQUIRE(in_batch.ok());
+  CHECK(in_batch->action == CommandLine::Action::kStatus);
+  CHECK(in_batch->slurm_job);
+  CHECK(in_batch->options.rdzv_endpoint ==
+        "n1:" + std::to_string(SlurmRendezvousPort("4242")));
+  // Another step (srun --overlap ctrun status) cannot know the training
+  // step's run id either.
+  EnvMap other_step = TwoNodeStep(1);
+  other_step["SLURM_STEP_ID"] = "3";
+  auto in_step = ParseCommandLine({"status"}, other_step, kCpuHost);
+  REQUIRE(in_step.ok());
+  CHECK(in_step->slurm_job);
+  CHECK(in_step->options.rdzv_endpoint == in_batch->options.rdzv_endpoint);
+  // A run id given names the job.
+  auto named =
+      ParseCommandLine({"status", "--rdzv_id=slurm-4242.0"}, batch, kCpuHost);
+  REQUIRE(named.ok());
+  CHECK_FALSE(named->slurm_job);
+  CHECK(named->options.run_id == "slurm-4242.0");
+}
+
 TEST_CASE("A one-node allocation runs like a standalone launch",
           "[slurm][unit]") {
   EnvMap env = {{"SLURM_JOB_ID", "77"},
