@@ -21,6 +21,7 @@
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 #include "tests/support/munged.h"
+#include "tests/support/session_probe.h"
 
 namespace ctrun::testing {
 namespace {
@@ -568,6 +569,27 @@ TEST_CASE("Under Slurm agents and workers authenticate with munge",
   const absl::Status other_job = admin(MungeAuth{munged.socket(), "slurm-1.0"});
   CHECK(absl::IsPermissionDenied(other_job));
   CHECK(other_job.message().find("another job") != std::string::npos);
+  // A status-only credential (ctrun status from another step) reads the
+  // jobs, and can neither join one nor reach its store.
+  const MungeAuth status_only{munged.socket(), ""};
+  CHECK(admin(status_only).ok());
+  {
+    ConnectionOptions options;
+    options.endpoint = endpoint;
+    options.munge = status_only;
+    auto connection = Connection::Open(options);
+    REQUIRE(connection.ok());
+    JoinSpec spec;
+    spec.job = absl::StrCat("slurm-", job, ".0");
+    SessionProbe intruder(*connection, MakeJoin(spec));
+    auto done = intruder.WaitDone(kWait);
+    REQUIRE(done);
+    CHECK(absl::IsPermissionDenied(*done));
+    StoreClient store(*connection, spec.job, 0, absl::Seconds(10));
+    const absl::Status set = store.Set("key", "value");
+    INFO(set.ToString());
+    CHECK(absl::IsPermissionDenied(set));
+  }
 
   auto second = SlurmNode(job, 1, munged.socket());
   const std::string out = host->ReadAll(kWait) + second->ReadAll(kWait);
