@@ -46,10 +46,13 @@ absl::StatusOr<std::vector<std::string>> ExpandRanges(const std::string& list,
       return Malformed(list, at,
                        absl::StrCat("range ", part, " runs backwards"));
     }
-    if (hi - lo >= kMaxHosts) return Malformed(list, at, "too many hosts");
+    if (hi - lo >= kMaxHosts - out.size()) {
+      return Malformed(list, at, "too many hosts");
+    }
     const size_t width = lo_text.size();
-    for (uint64_t v = lo; v <= hi; ++v) {
-      std::string s = absl::StrCat(v);
+    // Counted from lo: `v <= hi` would never end for hi = 2^64 - 1.
+    for (uint64_t n = 0; n <= hi - lo; ++n) {
+      std::string s = absl::StrCat(lo + n);
       if (s.size() < width) s.insert(0, width - s.size(), '0');
       out.push_back(std::move(s));
     }

@@ -24,6 +24,11 @@ TEST_CASE("Hostlists expand ranges, padding, groups and suffixes",
   CHECK(*ExpandHostlist("a1,b[1-2],c") == Hosts{"a1", "b1", "b2", "c"});
   CHECK(*ExpandHostlist("n[9-11]") == Hosts{"n9", "n10", "n11"});
   CHECK(ExpandHostlist("n[0-999999]")->size() == 1000000);
+  // The largest value ends its range (a fuzzer's find: this never ended).
+  CHECK(*ExpandHostlist("n[18446744073709551614-18446744073709551615]") ==
+        Hosts{"n18446744073709551614", "n18446744073709551615"});
+  // The ranges of one bracket count together.
+  CHECK_FALSE(ExpandHostlist("n[0-999999,0-1]").ok());
 }
 
 TEST_CASE("Malformed hostlists are refused with the position",
