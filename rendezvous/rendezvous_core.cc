@@ -757,9 +757,9 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
     e.set_restart_count(job.restart_count);
     e.set_max_restarts(job.settings.max_restarts());
   }
-  job.last_restart =
-      RestartMessage(job.round, reason, detail, job.restart_count)
-          .restart_required();
+  const v1::ServerMessage restart =
+      RestartMessage(job.round, reason, detail, job.restart_count);
+  job.last_restart = restart.restart_required();
   job.store.Reset(
       absl::AbortedError(absl::StrCat("round ", job.round - 1, " of job '",
                                       job.id, "' ended: ", detail)),
@@ -785,9 +785,7 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
       case v1::NodeStatus::SUCCEEDED:
         job.SetState(node, v1::NodeStatus::PENDING_REJOIN);
         node.rejoin_round = job.round;
-        effects->messages.emplace_back(
-            session,
-            RestartMessage(job.round, reason, detail, job.restart_count));
+        effects->messages.emplace_back(session, restart);
         break;
       case v1::NodeStatus::WAITING:
         node.previous_group_rank = -1;

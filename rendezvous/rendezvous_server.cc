@@ -95,8 +95,11 @@ class RendezvousServer::Impl {
   // What the call may reach; UNAUTHENTICATED or PERMISSION_DENIED (and a
   // log line) unless it carries the token, a job token or an acceptable
   // munge credential.
+  // `read_only` calls (the Admin service's) also take a munge credential
+  // made for reading status only.
   absl::StatusOr<Access> Authorize(grpc::CallbackServerContext* ctx,
-                                   const char* method) const;
+                                   const char* method,
+                                   bool read_only = false) const;
   // OK for a credential of this service's uid for its job or, when
   // `read_only`, for reading status (MungePayload("")).
   absl::Status CheckMunge(const std::string& credential, bool read_only) const;
@@ -364,7 +367,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest*,
                                      v1::ListJobsResponse* resp) override {
-    auto access = impl_->Authorize(ctx, "ListJobs");
+    auto access = impl_->Authorize(ctx, "ListJobs", /*read_only=*/true);
     if (!access.ok()) return Done(ctx, access.status());
     for (auto& job : impl_->ListJobs(*access)) {
       *resp->add_jobs() = std::move(job);
@@ -375,7 +378,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* DescribeJob(grpc::CallbackServerContext* ctx,
                                         const v1::DescribeJobRequest* req,
                                         v1::JobStatus* resp) override {
-    auto access = impl_->Authorize(ctx, "DescribeJob");
+    auto access = impl_->Authorize(ctx, "DescribeJob", /*read_only=*/true);
     if (!access.ok()) return Done(ctx, access.status());
     auto job = impl_->DescribeJob(*access, req->job_id());
     if (job.ok()) *resp = std::move(*job);
@@ -494,7 +497,8 @@ void Impl::Shutdown() {
 }
 
 absl::StatusOr<Access> Impl::Authorize(grpc::CallbackServerContext* ctx,
-                                       const char* method) const {
+                                       const char* method,
+                                       bool read_only) const {
   if (!Serving()) return SteppingDown();
   if (options_.token.empty() && !options_.munge) return Access{};
   const auto& metadata = ctx->client_metadata();
@@ -510,9 +514,7 @@ absl::StatusOr<Access> Impl::Authorize(grpc::CallbackServerContext* ctx,
   absl::Status refused;
   if (auto credential = MungeCredentialIn(value);
       options_.munge && credential) {
-    const std::string_view name(method);
-    refused =
-        CheckMunge(*credential, name == "ListJobs" || name == "DescribeJob");
+    refused = CheckMunge(*credential, read_only);
     if (refused.ok()) return Access{};
   } else if (!present) {
     refused = absl::UnauthenticatedError(
