@@ -184,8 +184,7 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
     return absl::InternalError(
         absl::StrCat("cannot write ctrun's Python module to ", module));
   }
-  auto board = ProgressBoard::Create(agent_dir_ + "/progress.board",
-                                     group.options.local_world_size);
+  auto board = ProgressBoard::Create(group.options.local_world_size);
   if (!board.ok()) return board.status();
   board_ = std::move(*board);
   paths.board = board_->path();
@@ -389,20 +388,30 @@ void Agent::EndEvidence() {
   evidence_.reset();
 }
 
-void Agent::KillTimedOut(pid_t pid, int signal) {
+void Agent::KillTimedOut(const agent_effect::KillTimedOut& k) {
   // Only a worker, or a process in a worker's own group: a request names
   // any pid it likes.
-  const pid_t group = getpgid(pid);
+  const pid_t group = getpgid(k.pid);
   for (int lr = 0; lr < config_.workers.options.local_world_size; ++lr) {
     const pid_t worker = workers_->PidOf(lr);
-    if (worker > 0 && (pid == worker || group == worker)) {
-      kill(pid, signal);
+    if (worker <= 0) continue;
+    if (k.pid == worker) {
+      kill(k.pid, k.signal);  // the policy said so, with its evidence
+      return;
+    }
+    if (group == worker) {
+      err_->WriteAgentLine(absl::StrCat(
+          "ctrun: torchrun file timer '", k.scope, "' of pid ", k.pid,
+          " (in the process group of worker pid ", worker,
+          ") expired; killing it with ", SignalName(k.signal), "\n"));
+      kill(k.pid, k.signal);
       return;
     }
   }
-  err_->WriteAgentLine(absl::StrCat("ctrun: not killing pid ", pid,
-                                    ": it is not one of this node's workers "
-                                    "or their processes\n"));
+  err_->WriteAgentLine(absl::StrCat(
+      "ctrun: torchrun file timer '", k.scope, "' of pid ", k.pid,
+      " expired; not killing it: it is not one of this node's workers or "
+      "their processes\n"));
 }
 
 void Agent::ReadGpus() {
@@ -498,7 +507,7 @@ void Agent::Apply(const AgentEffect& effect) {
   } else if (std::holds_alternative<e::EndEvidence>(effect)) {
     EndEvidence();
   } else if (auto* timed_out = std::get_if<e::KillTimedOut>(&effect)) {
-    KillTimedOut(timed_out->pid, timed_out->signal);
+    KillTimedOut(*timed_out);
   } else if (auto* start = std::get_if<e::StartWorkers>(&effect)) {
     master_port_ = start->assignment.master_port();
     if (board_) board_->Clear();

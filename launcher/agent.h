@@ -78,7 +78,7 @@ class Agent {
   absl::Status SetupBinding(WorkerGroupConfig& group);
   void StartEvidence(const agent_effect::CollectEvidence& collect);
   void EndEvidence();
-  void KillTimedOut(pid_t pid, int signal);
+  void KillTimedOut(const agent_effect::KillTimedOut& k);
   // Reads every GPU through NVML and hands what this node's workers hold
   // to the GPU watch.
   void ReadGpus();

@@ -31,11 +31,6 @@ void Tell(std::string line, AgentEffects* effects) {
   effects->push_back(agent_effect::Say{std::move(line)});
 }
 
-std::string SignalName(int signal) {
-  const char* abbrev = sigabbrev_np(signal);
-  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", signal);
-}
-
 // A broken connection, as opposed to an answer of the service.
 bool IsTransportFailure(const absl::Status& status) {
   return absl::IsUnavailable(status) || absl::IsCancelled(status) ||
@@ -60,6 +55,11 @@ bool MayComeUp(const absl::Status& status) {
 }
 
 }  // namespace
+
+std::string SignalName(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", signal);
+}
 
 AgentPolicy::AgentPolicy(AgentPolicyConfig config)
     : config_(std::move(config)), monitor_(config_.options.hang_timeout) {}
@@ -458,6 +458,7 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
   for (const Worker& w : workers_) ranks.push_back(w.rank);
   monitor_.Start(std::move(ranks), now);
   timers_.Clear();
+  timer_kills_.clear();
   Report(effects);
 }
 
@@ -491,7 +492,7 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
     // too, as torchrun lists every failed rank.
     const int code = e.signal != 0 ? 128 + e.signal : e.exit_code;
     if (!failures_.empty() && code != 0 && code != 128 + SIGTERM &&
-        code != 128 + SIGKILL) {
+        code != 128 + SIGKILL && timer_cause.empty()) {
       failures_.push_back(WorkerFailureRecord{
           e.wall_time, config_.hostname, it->rank, it->local_rank, e.exit_code,
           e.signal, it->pid, it->error_file, timer_cause, false});
@@ -538,7 +539,20 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
                                  absl::Time now, absl::Time wall_now,
                                  AgentEffects* effects) {
   if (phase_ != Phase::kRunning) return;
+  wall_offset_ = wall_now - now;
   const std::vector<SilentWorker> silent = monitor_.Observe(samples, now);
+  if (const std::vector<int> ranks = monitor_.TakeUnsignalled();
+      !ranks.empty()) {
+    Tell(absl::StrCat(
+             "no worker of this job has sent a progress signal within its "
+             "warm-up (",
+             absl::FormatDuration(config_.options.hang_timeout.warmup),
+             ", --hang_warmup): hang detection needs ctrun.heartbeat(), "
+             "ctrun.section() or torchrun's file timers, and is off for rank ",
+             absl::StrJoin(ranks, ", rank "),
+             " until a worker of the job sends one"),
+         effects);
+  }
   if (!silent.empty()) OnHang(silent, now, wall_now, effects);
 }
 
@@ -564,11 +578,12 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
       first.ever ? absl::StrCat("no progress for ", seconds(now - first.since),
                                 " (since ", since, ")", in, " after ",
                                 first.beats, " heartbeats (", timeout, ")")
-                 : absl::StrCat("no progress signal in the ",
-                                seconds(now - first.since),
-                                " since it started (", timeout,
-                                "; does it call ctrun.heartbeat() or open a "
-                                "section?)");
+                 : absl::StrCat(
+                       "no progress signal in the ", seconds(now - first.since),
+                       " since it started (allowed ", seconds(first.timeout),
+                       " to start: --hang_warmup or the hang "
+                       "timeout, the longer; other ranks of the job "
+                       "do signal)");
   {
     v1::Event& e = Record("worker_hung", effects);
     e.set_rank(w.rank);
@@ -608,6 +623,38 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
   }
 }
 
+void AgentPolicy::OnTimerExpired(Worker& w, const FileTimers::Expired& x,
+                                 absl::Time now, AgentEffects* effects) {
+  w.timer_scope = x.scope;
+  w.timer_signal = x.signal;
+  const std::string cause =
+      absl::StrCat("torchrun file timer '", x.scope,
+                   "' expired; ctrun killed it with ", SignalName(x.signal));
+  {
+    v1::Event& e = Record("worker_hung", effects);
+    e.set_rank(w.rank);
+    e.set_local_rank(w.local_rank);
+    e.set_pid(w.pid);
+    e.set_detail(cause);
+  }
+  failures_.push_back(WorkerFailureRecord{now + wall_offset_, config_.hostname,
+                                          w.rank, w.local_rank, 0, x.signal,
+                                          w.pid, w.error_file, cause, false});
+  report_ = v1::WorkerReport::FAILED;
+  Report(effects);
+  timer_kills_.push_back(agent_effect::KillTimedOut{x.pid, x.signal, x.scope});
+  StartEvidence(w.local_rank, now, effects);
+  const bool collecting = phase_ == Phase::kCollecting;
+  Tell(absl::StrCat("torchrun file timer '", x.scope, "' of worker rank ",
+                    w.rank, " (pid ", w.pid, ") expired; ",
+                    collecting ? "collecting evidence from this node's "
+                                 "workers, then killing it with "
+                               : "killing it with ",
+                    SignalName(x.signal), " and stopping the others"),
+       effects);
+  if (!collecting) StopAfterEvidence(now, effects);
+}
+
 void AgentPolicy::StartEvidence(int focus, absl::Time now,
                                 AgentEffects* effects) {
   if (phase_ != Phase::kRunning || live_workers() == 0 ||
@@ -628,6 +675,14 @@ void AgentPolicy::OnEvidenceCollected(absl::Time now, AgentEffects* effects) {
 void AgentPolicy::EndEvidence(absl::Time now, AgentEffects* effects) {
   if (phase_ != Phase::kCollecting) return;
   LeaveCollecting(effects);
+  StopAfterEvidence(now, effects);
+}
+
+void AgentPolicy::StopAfterEvidence(absl::Time now, AgentEffects* effects) {
+  // Expired file timers get the signal they asked for, first.
+  for (auto& kill : std::exchange(timer_kills_, {})) {
+    effects->push_back(std::move(kill));
+  }
   // Evidence is collected only on the way to stopping (a hang here, or a
   // restart or failure for one elsewhere): stop now.
   StopWorkers(SIGTERM, /*send=*/true, now, effects);
@@ -641,6 +696,7 @@ void AgentPolicy::LeaveCollecting(AgentEffects* effects) {
 
 void AgentPolicy::OnTimerRequest(absl::string_view line, absl::Time now,
                                  absl::Time wall_now, AgentEffects* effects) {
+  wall_offset_ = wall_now - now;
   auto request = ParseFileTimerRequest(line);
   absl::Status status =
       request.ok() ? timers_.Apply(*request, now, wall_now) : request.status();
@@ -862,21 +918,27 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
       effects->push_back(Send{std::move(m)});
     }
   }
-  for (const FileTimers::Expired& x : timers_.TakeExpired(now)) {
+  for (FileTimers::Expired& x : timers_.TakeExpired(now)) {
     if (phase_ != Phase::kRunning) continue;
+    // A stop signal would leave the job waiting for ever on a worker that
+    // ctrun itself stopped.
+    if (x.signal == SIGSTOP || x.signal == SIGTSTP || x.signal == SIGTTIN ||
+        x.signal == SIGTTOU) {
+      Tell(absl::StrCat("torchrun file timer '", x.scope, "' of pid ", x.pid,
+                        " asks for ", SignalName(x.signal),
+                        ", which would stop it, not end it: SIGKILL instead"),
+           effects);
+      x.signal = SIGKILL;
+    }
     auto w = std::find_if(
         workers_.begin(), workers_.end(),
         [&](const Worker& w) { return w.alive && w.pid == x.pid; });
-    std::string who = absl::StrCat("pid ", x.pid);
     if (w != workers_.end()) {
-      w->timer_scope = x.scope;
-      w->timer_signal = x.signal;
-      who = absl::StrCat("worker rank ", w->rank, " (", who, ")");
+      OnTimerExpired(*w, x, now, effects);
+    } else {
+      // Maybe a process in a worker's group: the edge checks, and says.
+      effects->push_back(agent_effect::KillTimedOut{x.pid, x.signal, x.scope});
     }
-    Tell(absl::StrCat("torchrun file timer '", x.scope, "' of ", who,
-                      " expired; killing it with ", SignalName(x.signal)),
-         effects);
-    effects->push_back(agent_effect::KillTimedOut{x.pid, x.signal});
   }
   if (now >= reopen_at_) {
     reopen_at_ = absl::InfiniteFuture();

@@ -149,11 +149,13 @@ struct CollectEvidence {
 // Ends evidence collection (what is not done by now is not waited for),
 // says where it is, and continues the workers it stopped (gdb).
 struct EndEvidence {};
-// `signal` to process `pid` for an expired file timer, if it is a worker or
-// in a worker's process group.
+// `signal` to process `pid` for file timer `scope`, if it is a worker or in
+// a worker's process group; the edge says which it did. For a worker, the
+// policy has said it already (its evidence is taken first).
 struct KillTimedOut {
   pid_t pid;
   int signal;
+  std::string scope;
 };
 // The agent exits with `code`.
 struct Exit {
@@ -177,6 +179,9 @@ using AgentEffect =
                  agent_effect::EndEvidence, agent_effect::KillTimedOut,
                  agent_effect::Exit, agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
+
+// "SIGTERM", or "signal N" for a number with no name.
+std::string SignalName(int signal);
 
 struct AgentPolicyConfig {
   LaunchOptions options;
@@ -329,8 +334,13 @@ class AgentPolicy {
   // Collects evidence from the live workers before they are stopped; a
   // no-op unless workers run.
   void StartEvidence(int focus, absl::Time now, AgentEffects* effects);
+  // A file timer of `w` expired: a failure like a hang, its evidence first.
+  void OnTimerExpired(Worker& w, const FileTimers::Expired& x, absl::Time now,
+                      AgentEffects* effects);
   // Evidence is in (or its time is up): the workers stop as decided.
   void EndEvidence(absl::Time now, AgentEffects* effects);
+  // The expired file timers' kills, then every worker stopped.
+  void StopAfterEvidence(absl::Time now, AgentEffects* effects);
   // Ends the collecting phase without deciding what follows.
   void LeaveCollecting(AgentEffects* effects);
   // Stops the job with the agent, and continues it with the agent.
@@ -387,6 +397,11 @@ class AgentPolicy {
   ProgressMonitor monitor_;
   FileTimers timers_;
   int malformed_timer_requests_ = 0;
+  // Expired timers' signals, sent when the evidence is in.
+  std::vector<agent_effect::KillTimedOut> timer_kills_;
+  // Wall clock minus the monotonic one, as last seen (for records made on
+  // a tick).
+  absl::Duration wall_offset_;
 
   // Deadlines; InfiniteFuture when not armed.
   absl::Time first_answer_deadline_ = absl::InfiniteFuture();

@@ -21,9 +21,11 @@
 #include "launcher/command_line.h"
 #include "launcher/host_facts.h"
 #include "launcher/rendezvous_plan.h"
+#include "launcher/run_directory.h"
 #include "launcher/watchdog.h"
 #include "launcher/worker_command.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_log.h"
 #include "rendezvous/rendezvous_server.h"
 #include "rendezvous/status_report.h"
@@ -176,37 +178,6 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
       "cannot host the rendezvous (", why, "): ", started.status().message()));
 }
 
-// Where per-attempt logs and error files go: --log_dir/RUN_ID_XXXXXX, or a
-// temporary directory ($TMPDIR or /tmp) removed at exit unless it holds
-// something (RemoveRunDirectory).
-absl::StatusOr<std::string> MakeRunDirectory(const LaunchOptions& options) {
-  if (!options.log_dir.empty()) {
-    // A folder of its own for each agent's run (torchrun's RUN_ID_xxxx):
-    // nodes sharing a --log_dir (NFS), or two runs under one id, never
-    // write over each other's logs.
-    std::string dir =
-        absl::StrCat(options.log_dir, "/", options.run_id, "_XXXXXX");
-    std::error_code ec;
-    std::filesystem::create_directories(
-        std::filesystem::path(dir).parent_path(), ec);
-    if (ec || mkdtemp(dir.data()) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--log_dir: cannot create ", dir, ": ",
-                       ec ? ec.message() : std::string(strerror(errno))));
-    }
-    return dir;
-  }
-  const char* tmp = getenv("TMPDIR");
-  std::string dir = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                 "/ctrun-XXXXXX");
-  if (mkdtemp(dir.data()) == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("cannot create a temporary directory like ", dir, ": ",
-                     strerror(errno)));
-  }
-  return dir;
-}
-
 // Removes a temporary run directory unless a file in it has something to
 // say (an error file, a log): then it stays, and ctrun says where.
 void RemoveRunDirectory(const std::string& dir) {
@@ -346,6 +317,14 @@ int RunStatus(const CommandLine& command, const EnvMap& env) {
                      command.slurm_job ? ")" : ", or another --rdzv_id)"),
         1);
   }
+  if (absl::IsDeadlineExceeded(jobs.status())) {
+    // Something listens there, but it does not speak gRPC to us.
+    return Fail(absl::StrCat("status: ", endpoint,
+                             " did not answer as a ctrun rendezvous (a ctrund "
+                             "or a ctrun agent) in time; is this its address, "
+                             "and is TLS set up alike on both sides?"),
+                1);
+  }
   if (!jobs.ok()) {
     return Fail(absl::StrCat("status: cannot ask the rendezvous at ", endpoint,
                              " about ", which, ": ", jobs.status().message()),
@@ -381,7 +360,7 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   }
   const sigset_t signals = AgentSignals(options.signals_to_handle);
   PrepareProcess(signals);
-  auto run_dir = MakeRunDirectory(options);
+  auto run_dir = MakeRunDirectory(options.log_dir, options.run_id);
   if (!run_dir.ok()) {
     return Fail(std::string(run_dir.status().message()),
                 absl::IsInvalidArgument(run_dir.status()) ? kUsageError : 1);
@@ -400,7 +379,11 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   }
   Operations operations;
   if (!options.event_log.empty()) {
-    auto log = EventLog::Open(options.event_log);
+    auto log = EventLog::Open(options.event_log, [](const std::string& line) {
+      // One write: the agent's console threads share stderr.
+      const std::string text = absl::StrCat("ctrun: ", line, "\n");
+      (void)!write(STDERR_FILENO, text.data(), text.size());
+    });
     if (!log.ok()) {
       return Fail(absl::StrCat("--event_log: ", log.status().message()),
                   kUsageError);
@@ -426,6 +409,12 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
     metrics = *std::move(started);
     std::cerr << "ctrun: metrics of the rendezvous at http://"
               << metrics->endpoint().ToString() << "/metrics\n";
+    if (!ResolvesToLoopbackOnly(metrics->endpoint().host)) {
+      std::cerr << "ctrun: note: --metrics_listen "
+                << metrics->endpoint().ToString()
+                << " serves job and node names beyond this machine, without "
+                   "a token\n";
+    }
   } else if (options.metrics_listen) {
     std::cerr << "ctrun: note: --metrics_listen: this node does not host "
                  "the rendezvous (it is at "

@@ -69,33 +69,45 @@ std::string SanitizeUtf8(absl::string_view bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<ProgressBoard>> ProgressBoard::Create(
-    const std::string& path, int slots) {
+    int slots) {
   const size_t size =
       progress::kHeaderSize + static_cast<size_t>(slots) * progress::kSlotSize;
-  unlink(path.c_str());
   const int fd =
-      open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      memfd_create("ctrun-progress-board", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const auto fail = [fd](const char* what) {
     const std::string why = strerror(errno);
     if (fd >= 0) close(fd);
     return absl::InternalError(
-        absl::StrCat("cannot create the progress board ", path, ": ", why));
+        absl::StrCat("cannot make the progress board (", what, "): ", why));
+  };
+  if (fd < 0) return fail("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("ftruncate");
+  // Workers open it read-write through /proc (O_TRUNC included); the seals
+  // make every change of size fail for them, and for the agent too.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail("sealing");
   }
   void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("cannot map the progress board ",
-                                            path, ": ", strerror(errno)));
-  }
+  if (map == MAP_FAILED) return fail("mmap");
   auto* header = static_cast<progress::Header*>(map);
   std::memcpy(header->magic, progress::kMagic, sizeof header->magic);
   header->slot_count = static_cast<uint32_t>(slots);
   header->slot_size = progress::kSlotSize;
   return std::unique_ptr<ProgressBoard>(
-      new ProgressBoard(path, slots, map, size));
+      new ProgressBoard(fd, slots, map, size));
 }
 
-ProgressBoard::~ProgressBoard() { munmap(map_, size_); }
+ProgressBoard::ProgressBoard(int fd, int slots, void* map, size_t size)
+    : fd_(fd),
+      path_(absl::StrCat("/proc/", getpid(), "/fd/", fd)),
+      slots_(slots),
+      map_(map),
+      size_(size) {}
+
+ProgressBoard::~ProgressBoard() {
+  munmap(map_, size_);
+  close(fd_);
+}
 
 void ProgressBoard::Clear() {
   std::memset(static_cast<char*>(map_) + progress::kHeaderSize, 0,

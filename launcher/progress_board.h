@@ -1,6 +1,11 @@
 // ProgressBoard: the agent's side of the progress board
-// (ctrun/progress_board.h): creates the node's board file, clears a slot
-// for each new worker, and reads the slots for the ProgressMonitor.
+// (ctrun/progress_board.h): creates the node's board, clears a slot for each
+// new worker, and reads the slots for the ProgressMonitor.
+//
+// The board is an anonymous memory file (memfd) sealed at its size: workers
+// reach it as /proc/AGENT_PID/fd/N, and nothing a worker does can shrink it
+// (a read past the end of a shrunk mapping would kill the agent with
+// SIGBUS) or remove it (the next round's workers would report to nothing).
 //
 // Used by the agent's loop only; not thread-safe.
 #ifndef CTRUN_LAUNCHER_PROGRESS_BOARD_H_
@@ -31,13 +36,15 @@ std::string SanitizeUtf8(absl::string_view bytes);
 
 class ProgressBoard {
  public:
-  // Creates `path` (mode 0600, replacing a file there) with `slots` slots.
-  static absl::StatusOr<std::unique_ptr<ProgressBoard>> Create(
-      const std::string& path, int slots);
+  // Creates a board with `slots` slots, sealed against shrinking and
+  // growing. INTERNAL naming the call when the kernel refuses.
+  static absl::StatusOr<std::unique_ptr<ProgressBoard>> Create(int slots);
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;
   ProgressBoard& operator=(const ProgressBoard&) = delete;
 
+  // Where workers open the board (CTRUN_PROGRESS_FILE): a path in this
+  // process's /proc, valid while the board lives.
   const std::string& path() const { return path_; }
   int slots() const { return slots_; }
 
@@ -49,9 +56,9 @@ class ProgressBoard {
   StackDump StacksOf(int slot) const;
 
  private:
-  ProgressBoard(std::string path, int slots, void* map, size_t size)
-      : path_(std::move(path)), slots_(slots), map_(map), size_(size) {}
+  ProgressBoard(int fd, int slots, void* map, size_t size);
 
+  const int fd_;
   const std::string path_;
   const int slots_;
   void* const map_;

@@ -100,20 +100,30 @@ std::vector<SilentWorker> ProgressMonitor::Observe(
       // seen (or the start), in what the worker was in then. With several
       // events since the last poll it is bounded by the newest one.
       const absl::Time from = w.last.events == 0 ? started_ : w.last.event_time;
-      Learn(w, w.last.section, w.last.untimed,
-            std::max(absl::ZeroDuration(), s.event_time - from));
-      w.last = s;
+      ProgressSample seen = s;
+      seen.event_time = std::clamp(s.event_time, from, now);
+      seen.beat_time = std::clamp(s.beat_time, started_, now);
+      Learn(w, w.last.section, w.last.untimed, seen.event_time - from);
+      w.last = std::move(seen);
+      signalled_ = true;
     }
     if (timeout_.mode == HangTimeout::Mode::kOff || s.untimed || s.done) {
       continue;
     }
     const bool ever = s.events > 0;
-    const absl::Time since = ever ? s.event_time : started_;
+    const absl::Time since = ever ? w.last.event_time : started_;
     const absl::Duration timeout = TimeoutFor(w, s.section);
-    if (now - since > timeout) {
-      silent.push_back(SilentWorker{static_cast<int>(i), since, ever, s.section,
-                                    s.beats, timeout});
+    if (now - since <= timeout) continue;
+    if (!ever && !JobSignalled()) {
+      if (!unsignalled_told_ &&
+          std::find(unsignalled_.begin(), unsignalled_.end(), w.rank) ==
+              unsignalled_.end()) {
+        unsignalled_.push_back(w.rank);
+      }
+      continue;
     }
+    silent.push_back(SilentWorker{static_cast<int>(i), since, ever, s.section,
+                                  s.beats, timeout});
   }
   std::sort(silent.begin(), silent.end(),
             [](const SilentWorker& a, const SilentWorker& b) {
@@ -121,6 +131,17 @@ std::vector<SilentWorker> ProgressMonitor::Observe(
                      std::tie(b.since, b.beats, b.local_rank);
             });
   return silent;
+}
+
+bool ProgressMonitor::JobSignalled() const {
+  return signalled_ || !job_.empty() || !local_.empty();
+}
+
+std::vector<int> ProgressMonitor::TakeUnsignalled() {
+  if (unsignalled_told_ || unsignalled_.empty()) return {};
+  unsignalled_told_ = true;
+  std::sort(unsignalled_.begin(), unsignalled_.end());
+  return std::move(unsignalled_);
 }
 
 std::optional<v1::ProgressReport> ProgressMonitor::TakeReport(int64_t round,

@@ -22,7 +22,14 @@
 // A worker that said it is done (ctrun.done(), or exiting) is not timed.
 // In both modes a worker's first signal is awaited from its start for the
 // timeout or the warm-up allowance, whichever is longer: starting up
-// (imports, loading data) is not a step.
+// (imports, loading data) is not a step. While no worker of the job has ever
+// sent a signal (a script that never calls ctrun.heartbeat()), a worker
+// that has not is never hung: the monitor says so once (TakeUnsignalled)
+// instead. Once any worker of the job signals, the silent ones are judged.
+//
+// A worker's clock readings are its own word: each is kept within what the
+// agent saw (not before the previous event or the start, not after the poll
+// that saw it), so garbage times neither hide a hang nor inflate one.
 #ifndef CTRUN_LAUNCHER_PROGRESS_MONITOR_H_
 #define CTRUN_LAUNCHER_PROGRESS_MONITOR_H_
 
@@ -93,6 +100,11 @@ class ProgressMonitor {
   std::vector<SilentWorker> Observe(const std::vector<ProgressSample>& samples,
                                     absl::Time now);
 
+  // The ranks that were let off at the end of their warm-up because no
+  // worker of the job had ever signalled, once in the monitor's life; empty
+  // at every other call.
+  std::vector<int> TakeUnsignalled();
+
   // Figures that grew and the ranks' paces since the last report, for
   // `round`; nullopt when there is nothing new.
   std::optional<v1::ProgressReport> TakeReport(int64_t round, absl::Time now);
@@ -134,8 +146,17 @@ class ProgressMonitor {
   void Learn(Worker& w, const std::string& section, bool untimed,
              absl::Duration silence);
 
+  // Some worker of the job signalled: this node's, in any attempt, or
+  // another node's (the job's figures).
+  bool JobSignalled() const;
+
   const HangTimeout timeout_;
   absl::Time started_ = absl::InfinitePast();
+  bool signalled_ = false;  // a worker of this node did, in any attempt
+  // Let off while the job was silent: pending notice, and whether it was
+  // given.
+  std::vector<int> unsignalled_;
+  bool unsignalled_told_ = false;
   std::vector<Worker> workers_;
   absl::Time next_poll_ = absl::InfiniteFuture();
   absl::Time next_report_ = absl::InfiniteFuture();

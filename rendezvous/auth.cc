@@ -5,27 +5,21 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "rendezvous/user_file.h"
 
 namespace ctrun {
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read token file '", path,
-                                            "': ", std::strerror(errno)));
-  }
-  std::string text(kMaxTokenBytes + 2, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  std::string token(absl::StripAsciiWhitespace(text));
+  // Room for the newlines and spaces around a token of the largest size.
+  auto text = ReadUserFile(path, "token file", kMaxTokenBytes + 64);
+  if (!text.ok()) return text.status();
+  std::string token(absl::StripAsciiWhitespace(*text));
   if (token.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("token file '", path, "' is empty"));

@@ -1,8 +1,6 @@
 #include "rendezvous/client.h"
 
 #include <atomic>
-#include <fstream>
-#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +9,7 @@
 #include "rendezvous/client_stream.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/user_file.h"
 
 namespace ctrun {
 
@@ -29,15 +28,10 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
       grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
   if (!options.tls_ca_file.empty()) {
-    std::ifstream in(options.tls_ca_file, std::ios::binary);
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot read TLS CA file '", options.tls_ca_file, "'"));
-    }
-    std::stringstream pem;
-    pem << in.rdbuf();
+    auto pem = ReadUserFile(options.tls_ca_file, "TLS CA file", kMaxPemBytes);
+    if (!pem.ok()) return pem.status();
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = pem.str();
+    ssl.pem_root_certs = *std::move(pem);
     credentials = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) {
       args.SetSslTargetNameOverride(options.tls_server_name);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -104,11 +105,24 @@ struct StatusFlags {
 
 // argv, for a replica that steps down to start itself again.
 char** saved_argv = nullptr;
+// A stop signal was taken (set by the thread that waits for them): a stop
+// wins over every step-down.
+std::atomic<bool> stopping{false};
 
 // Ends leadership the only certain way: this process image goes, with every
 // session and stream it served, and the same command starts again as a
-// standby (same pid; a supervisor sees nothing).
+// standby (same pid; a supervisor sees nothing). Unless a stop was asked
+// for: then the replica just ends, having served nothing more.
 [[noreturn]] void StepDown(const std::string& why) {
+  sigset_t pending;
+  sigpending(&pending);
+  const bool stop_pending =
+      sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1;
+  if (stopping.load() || stop_pending) {
+    spdlog::error("{}; stopping, as asked, instead of stepping down", why);
+    spdlog::default_logger()->flush();
+    _exit(0);
+  }
   spdlog::error("stepping down: {}; starting again as a standby", why);
   spdlog::default_logger()->flush();
   // The listening socket and every connection must close, whether or not
@@ -198,6 +212,12 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
     return Fail(absl::StrCat("--etcd: ", replica.status().message()),
                 kUsageError);
   }
+  if (auto s = (*replica)->CheckPrefix(); absl::IsFailedPrecondition(s)) {
+    return Fail(absl::StrCat("--etcd-prefix: ", s.message()), 1);
+  } else if (!s.ok()) {
+    spdlog::warn("cannot check --etcd-prefix {} yet: {}", flags.etcd_prefix,
+                 std::string(s.message()));
+  }
   const std::string listen = options.listen.ToString();
   std::printf("ctrund standing by to serve %s (etcd %s)\n", listen.c_str(),
               (*replica)->client().endpoints().c_str());
@@ -211,6 +231,17 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
         static_cast<size_t>(flags.etcd_max_request_bytes));
     options.may_serve = [r = replica->get()] { return r->MayServe(); };
     auto started = RendezvousServer::Start(std::move(options));
+    if (!started.ok() && absl::IsFailedPrecondition(started.status())) {
+      // Keys that do not restore stay so: campaigning again would lead,
+      // fail and step down every lease period, for ever.
+      spdlog::critical(
+          "cannot serve: {}; this does not heal by itself: "
+          "stopping (exit 1)",
+          std::string(started.status().message()));
+      (*replica)->Resign();
+      spdlog::default_logger()->flush();
+      _exit(1);
+    }
     if (!started.ok()) {
       absl::SleepFor(absl::Seconds(1));  // not a hot loop when etcd fails
       StepDown(absl::StrCat("cannot serve: ", started.status().message()));
@@ -226,6 +257,7 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
   });
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
+  stopping = true;
   spdlog::info("stopping on {}", strsignal(signal_number));
   stop.Notify();
   leader.join();
@@ -317,7 +349,9 @@ int RunDaemon(const DaemonFlags& flags) {
     options.metrics = std::make_shared<RendezvousMetrics>();
   }
   if (!flags.event_log.empty()) {
-    auto log = EventLog::Open(flags.event_log);
+    auto log = EventLog::Open(flags.event_log, [](const std::string& line) {
+      spdlog::error("{}", line);
+    });
     if (!log.ok()) {
       return Fail(absl::StrCat("--event-log: ", log.status().message()),
                   kUsageError);
@@ -359,6 +393,12 @@ int RunDaemon(const DaemonFlags& flags) {
     metrics = *std::move(started);
     spdlog::info("metrics on http://{}/metrics",
                  metrics->endpoint().ToString());
+    if (!ResolvesToLoopbackOnly(metrics->endpoint().host)) {
+      spdlog::warn(
+          "--metrics-listen {} serves job and node names beyond this "
+          "machine, without a token",
+          metrics->endpoint().ToString());
+    }
   }
   if (!flags.etcd.empty()) {
     return RunReplica(flags, std::move(options), std::move(replica),

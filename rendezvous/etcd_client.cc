@@ -2,25 +2,22 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/user_file.h"
 
 namespace ctrun {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream pem;
-  pem << in.rdbuf();
-  if (!in || pem.str().empty()) {
+  auto pem = ReadUserFile(
+      path, absl::StrCat("the etcd ", what, " file").c_str(), kMaxPemBytes);
+  if (pem.ok() && pem->empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read the etcd ", what, " file '", path, "'"));
+        absl::StrCat("the etcd ", what, " file '", path, "' is empty"));
   }
-  return pem.str();
+  return pem;
 }
 
 }  // namespace

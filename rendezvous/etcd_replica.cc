@@ -64,13 +64,38 @@ EtcdReplica::~EtcdReplica() {
   if (keepalive_.joinable()) keepalive_.join();
 }
 
+absl::Status EtcdReplica::CheckPrefix() {
+  const std::string& prefix = options_.prefix;
+  auto kvs = client_->Range(prefix, PrefixEnd(prefix));
+  if (!kvs.ok()) return kvs.status();
+  for (const auto& kv : *kvs) {
+    if (kv.key() == EtcdLeaderKey(prefix) ||
+        ParseEtcdLogKey(prefix, kv.key())) {
+      continue;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd key '", kv.key(), "' under --etcd-prefix ", prefix,
+        " is not this deployment's (another ctrund's prefix nested in this "
+        "one, or this one in another's?); give each deployment a prefix "
+        "that no other one's keys live under"));
+  }
+  return absl::OkStatus();
+}
+
 bool EtcdReplica::GrantLease() {
   const absl::Time sent = MonotonicNow();
   auto granted = client_->GrantLease(options_.lease_ttl);
   if (!granted.ok()) {
-    spdlog::warn("cannot get a lease from etcd (trying again): {}",
-                 std::string(granted.status().message()));
+    if (auto line = grant_warning_.Failed(
+            absl::StrCat("cannot get a lease from etcd (trying again): ",
+                         granted.status().message()),
+            sent)) {
+      spdlog::warn("{}", *line);
+    }
     return false;
+  }
+  if (auto line = grant_warning_.Succeeded("got a lease from etcd")) {
+    spdlog::info("{}", *line);
   }
   absl::MutexLock lock(&mu_);
   lease_id_ = granted->first;
@@ -211,9 +236,18 @@ void EtcdReplica::KeepAliveLoop() {
     const absl::Time sent = MonotonicNow();
     auto left = client_->KeepAlive(id, options_.lease_ttl / 3);
     if (!left.ok()) {
-      spdlog::warn("cannot renew the etcd lease: {}",
-                   std::string(left.status().message()));
+      if (auto line = renew_warning_.Failed(
+              absl::StrCat("cannot renew the etcd lease: ",
+                           left.status().message()),
+              sent)) {
+        spdlog::warn("{}", *line);
+      }
+      // Not every tick: a tenth of the lease apart, as long as it fails.
+      stopping_.WaitForNotificationWithTimeout(options_.lease_ttl / 10);
       continue;
+    }
+    if (auto line = renew_warning_.Succeeded("renewed the etcd lease")) {
+      spdlog::info("{}", *line);
     }
     absl::MutexLock lock(&mu_);
     if (id != lease_id_ || !lease_) continue;

@@ -24,6 +24,7 @@
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/leader_lease.h"
 #include "rendezvous/record_log.h"
+#include "rendezvous/repeated_warning.h"
 
 namespace ctrun {
 
@@ -65,6 +66,13 @@ class EtcdReplica {
   EtcdReplica(const EtcdReplica&) = delete;
   EtcdReplica& operator=(const EtcdReplica&) = delete;
 
+  // Whether every key under the prefix is this deployment's: the leader
+  // record or a log key. FAILED_PRECONDITION naming the first foreign key
+  // (another deployment's prefix nested in this one, or this one nested in
+  // another's: once both write, neither restores); UNAVAILABLE when etcd
+  // cannot be asked.
+  absl::Status CheckPrefix();
+
   // Stands by until this replica leads (true) or `stop` is notified
   // (false), saying who leads whenever that changes. Rides out an etcd
   // that cannot be reached, saying so.
@@ -95,6 +103,10 @@ class EtcdReplica {
   const std::unique_ptr<EtcdClient> client_;
   absl::Notification stopping_;
   std::thread keepalive_;
+
+  // Said once, then once a minute (KeepAliveLoop's and Campaign's own).
+  RepeatedWarning renew_warning_;
+  RepeatedWarning grant_warning_;
 
   absl::Mutex mu_;
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;

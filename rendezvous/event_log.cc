@@ -8,19 +8,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
-#include "spdlog/spdlog.h"
 
 namespace ctrun {
 
 absl::StatusOr<std::unique_ptr<EventLog>> EventLog::Open(
-    const std::string& path) {
+    const std::string& path, Warn warn) {
+  // Non-blocking: opening a FIFO for writing waits for a reader, and both
+  // binaries open the log with their stop signals already blocked.
   const int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK,
+           0644);
   if (fd < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot open ", path, " for appending: ", strerror(errno)));
+        "cannot open ", path, " for appending: ",
+        errno == ENXIO ? "it is a FIFO that nobody reads (start its reader "
+                         "first, or name a regular file)"
+                       : strerror(errno)));
   }
-  return std::unique_ptr<EventLog>(new EventLog(fd, path));
+  return std::unique_ptr<EventLog>(new EventLog(fd, path, std::move(warn)));
 }
 
 EventLog::~EventLog() { close(fd_); }
@@ -29,16 +34,23 @@ void EventLog::Write(const char* source, v1::Event event, absl::Time time) {
   event.set_time(FormatEventTime(time));
   event.set_source(source);
   const std::string line = EventToJson(event) + "\n";
-  absl::MutexLock lock(&mu_);
-  ssize_t n;
-  do {
-    n = write(fd_, line.data(), line.size());
-  } while (n < 0 && errno == EINTR);
-  if (n == static_cast<ssize_t>(line.size()) || failed_) return;
-  // A full disk must not stop a job; saying so once is enough.
-  failed_ = true;
-  spdlog::error("event log {}: write failed ({}); later events may be lost",
-                path_, n < 0 ? strerror(errno) : "short write");
+  std::string warning;
+  {
+    absl::MutexLock lock(&mu_);
+    ssize_t n;
+    do {
+      n = write(fd_, line.data(), line.size());
+    } while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(line.size()) || failed_) return;
+    // A full disk must not stop a job; saying so once is enough.
+    failed_ = true;
+    const char* why = n >= 0            ? "short write"
+                      : errno == EAGAIN ? "its reader does not keep up"
+                                        : strerror(errno);
+    warning = absl::StrCat("event log ", path_, ": write failed (", why,
+                           "); later events may be lost");
+  }
+  if (warn_) warn_(warning);
 }
 
 std::string EventToJson(const v1::Event& event) {

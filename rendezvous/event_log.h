@@ -11,6 +11,7 @@
 #ifndef CTRUN_RENDEZVOUS_EVENT_LOG_H_
 #define CTRUN_RENDEZVOUS_EVENT_LOG_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,27 +25,36 @@ namespace ctrun {
 
 class EventLog {
  public:
-  // Opens `path` for appending, creating it (0644). INVALID_ARGUMENT naming
-  // the file and the reason when it cannot be.
-  static absl::StatusOr<std::unique_ptr<EventLog>> Open(
-      const std::string& path);
+  // Where the one line about a failed write goes (the binary's own
+  // stderr: ctrun's log is off, ctrund's is spdlog).
+  using Warn = std::function<void(const std::string& line)>;
+
+  // Opens `path` for appending, creating it (0644), without ever waiting: a
+  // FIFO that nobody reads is refused rather than waited for, and a write
+  // that would block (a reader that stopped reading) fails like a full
+  // disk. INVALID_ARGUMENT naming the file and the reason when it cannot be
+  // opened.
+  static absl::StatusOr<std::unique_ptr<EventLog>> Open(const std::string& path,
+                                                        Warn warn);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
 
   // Writes `event` from `source` ("rendezvous" or "agent"), stamped with
-  // `time` (wall clock). A failed write is reported once on stderr; the job
-  // carries on.
+  // `time` (wall clock). The first failed write is reported through `warn`;
+  // the job carries on.
   void Write(const char* source, v1::Event event,
              absl::Time time = absl::Now());
 
   const std::string& path() const { return path_; }
 
  private:
-  EventLog(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  EventLog(int fd, std::string path, Warn warn)
+      : fd_(fd), path_(std::move(path)), warn_(std::move(warn)) {}
 
   const int fd_;
   const std::string path_;
+  const Warn warn_;
   absl::Mutex mu_;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };

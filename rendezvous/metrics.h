@@ -26,7 +26,6 @@
 
 namespace prometheus {
 class Collectable;
-class Exposer;
 class Registry;
 }  // namespace prometheus
 
@@ -76,23 +75,41 @@ class RendezvousMetrics {
 };
 
 // An HTTP endpoint serving /metrics in Prometheus' text format.
+//
+// One thread of its own, with every connection non-blocking on one epoll:
+// a connection that sends nothing (a port scan, a half-open probe) costs a
+// descriptor, never the thread, so scrapes are answered while hundreds of
+// them sit open. Each connection gets kRequestTimeout to send its request
+// and its answer; beyond kMaxConnections the oldest is closed. One request
+// per connection (HTTP/1.0 style, `Connection: close`).
 class MetricsEndpoint {
  public:
+  static constexpr int kMaxConnections = 512;
+  static constexpr absl::Duration kRequestTimeout = absl::Seconds(10);
+  static constexpr size_t kMaxRequestBytes = 8192;
+
   // Listens on `listen` (port 0 picks one) and serves `metrics`, which must
   // outlive the endpoint. UNAVAILABLE naming the address when it cannot
   // listen.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const Endpoint& listen, const RendezvousMetrics& metrics);
+  // Stops serving: closes every connection and joins the thread.
   ~MetricsEndpoint();
+  MetricsEndpoint(const MetricsEndpoint&) = delete;
+  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
   // The bound address, with the actual port.
   const Endpoint& endpoint() const { return bound_; }
 
  private:
-  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer, Endpoint bound);
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  class Server;
+  MetricsEndpoint(std::unique_ptr<Server> server, Endpoint bound);
+  std::unique_ptr<Server> server_;
   Endpoint bound_;
 };
+
+// The metrics as Prometheus' text exposition format (what /metrics serves).
+std::string RenderMetrics(const RendezvousMetrics& metrics);
 
 }  // namespace ctrun
 

@@ -7,10 +7,8 @@
 
 #include <chrono>
 #include <deque>
-#include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -27,6 +25,7 @@
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/server_stream.h"
 #include "rendezvous/store_request.h"
+#include "rendezvous/user_file.h"
 
 namespace ctrun {
 
@@ -391,14 +390,7 @@ class AdminService final : public v1::Admin::CallbackService {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", what, " '", path, "'"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  return ReadUserFile(path, what, kMaxPemBytes);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(

@@ -18,7 +18,7 @@ esac
 
 scripts/setup.sh --fuzz
 BUILD_DIR=${CTRUN_FUZZ_BUILD_DIR:-build-fuzz}
-targets=(hostlist_fuzzer command_line_fuzzer rendezvous_fuzzer)
+targets=(hostlist_fuzzer command_line_fuzzer rendezvous_fuzzer progress_fuzzer)
 CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTRUN_FUZZ=ON \
   -DCTRUN_SANITIZE=address,undefined \

@@ -129,7 +129,8 @@ TEST_CASE(
 
 TEST_CASE(
     "torchrun's FileTimerClient works unchanged: an expired scope kills its "
-    "worker with the signal asked, and the summary names the scope",
+    "worker with the signal asked after its evidence, and the summary names "
+    "the scope",
     "[hang][e2e]") {
   const auto [out, err, code] =
       RunToEnd({CtrunPath(), "--standalone", "--nproc_per_node=2",
@@ -139,7 +140,14 @@ TEST_CASE(
   CHECK(code == 128 + SIGTERM);  // the root cause's, from a live agent
   CHECK(
       absl::StrContains(err, "torchrun file timer 'slow_io' of worker rank 1"));
-  CHECK(absl::StrContains(err, "expired; killing it with SIGTERM"));
+  CHECK(absl::StrContains(err,
+                          "expired; collecting evidence from this node's "
+                          "workers, then killing it with SIGTERM"));
+  // Evidence before the kill: both workers' state, kept where it says.
+  CHECK(std::regex_search(
+      err, std::regex("evidence in [^ ]*/hang_round_0: last output of 2 "
+                      "workers, Python stacks of 0, native stacks of 2")));
+  CHECK_FALSE(absl::StrContains(err, "not killing"));
   CHECK(absl::StrContains(err, "Root Cause (first observed failure)"));
   CHECK(absl::StrContains(err,
                           "cause      : torchrun file timer 'slow_io' "
@@ -197,7 +205,7 @@ TEST_CASE(
 TEST_CASE("What the Python module writes is what the agent's board reads",
           "[hang][e2e]") {
   const std::string dir = LogDir("python-board");
-  auto board = ProgressBoard::Create(dir + "/board", 2);
+  auto board = ProgressBoard::Create(2);
   REQUIRE(board.ok());
   const std::string code =
       "import ctrun\n"

@@ -1,8 +1,10 @@
 // docs/errors.md, checked: every row of its command-line tables is run, and
 // its exit code and its one line on stderr must be exactly as written.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -48,9 +50,21 @@ std::string Unquote(const std::string& cell) {
   return std::string(v);
 }
 
-// The rows whose command starts with `program`.
+// A FIFO that nobody reads or writes, for $FIFO; removed with the object.
+struct Fifo {
+  const std::string path = std::filesystem::temp_directory_path() /
+                           absl::StrCat("ctrun-errors-fifo-", getpid());
+  Fifo() {
+    unlink(path.c_str());
+    REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+  }
+  ~Fifo() { unlink(path.c_str()); }
+};
+
+// The rows whose command starts with `program`, with $TOKEN_FILE and $FIFO
+// standing for those files.
 std::vector<Row> RowsOf(const std::string& program,
-                        const std::string& token_file) {
+                        const std::string& token_file, const Fifo& fifo) {
   std::ifstream in(SourceDir() + "/docs/errors.md");
   REQUIRE(in);
   std::vector<Row> rows;
@@ -59,12 +73,13 @@ std::vector<Row> RowsOf(const std::string& program,
     const auto cells = Cells(line);
     REQUIRE(cells.size() == 3);
     Row row;
-    const std::string command =
-        absl::StrReplaceAll(Unquote(cells[0]), {{"$TOKEN_FILE", token_file}});
+    const std::string command = absl::StrReplaceAll(
+        Unquote(cells[0]), {{"$TOKEN_FILE", token_file}, {"$FIFO", fifo.path}});
     row.argv = absl::StrSplit(command, ' ', absl::SkipEmpty());
     row.argv[0] = program == "ctrun" ? CtrunPath() : CtrundPath();
     row.exit_code = std::stoi(cells[1]);
-    row.message = Unquote(cells[2]);
+    row.message =
+        absl::StrReplaceAll(Unquote(cells[2]), {{"$FIFO", fifo.path}});
     rows.push_back(std::move(row));
   }
   return rows;
@@ -81,7 +96,8 @@ void Check(const std::vector<Row>& rows) {
 
 TEST_CASE("Every refused ctrun command line in docs/errors.md says so",
           "[errors][integration]") {
-  const auto rows = RowsOf("ctrun", "");
+  const Fifo fifo;
+  const auto rows = RowsOf("ctrun", "", fifo);
   CHECK(rows.size() >= 30);
   Check(rows);
 }
@@ -93,7 +109,8 @@ TEST_CASE("Every refused ctrund command line in docs/errors.md says so",
   REQUIRE(fd >= 0);
   REQUIRE(write(fd, "t0ken\n", 6) == 6);
   close(fd);
-  const auto rows = RowsOf("ctrund", path);
+  const Fifo fifo;
+  const auto rows = RowsOf("ctrund", path, fifo);
   CHECK(rows.size() >= 15);
   Check(rows);
   unlink(path);

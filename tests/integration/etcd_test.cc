@@ -14,6 +14,7 @@
 #include <regex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rendezvous/client.h"
 #include "rendezvous/endpoint.h"
@@ -428,6 +429,71 @@ TEST_CASE(
     CHECK(out.substr(last, out.find(' ', last) - last) ==
           absl::StrCat("world=", count));
   }
+}
+
+}  // namespace
+}  // namespace ctrun::testing
+
+namespace ctrun::testing {
+namespace {
+
+void PutKey(EtcdClient& client, const std::string& key) {
+  etcdserverpb::TxnRequest txn;
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value("another deployment's");
+  auto response = client.Txn(txn);
+  REQUIRE(response.ok());
+}
+
+TEST_CASE(
+    "Nested etcd prefixes are refused at start, naming the foreign key, "
+    "both ways",
+    "[etcd][integration]") {
+  EtcdCluster etcd(1);
+  auto client = etcd.Client();
+  // An outer deployment at /a/ beside an inner one that wrote at /a/log/.
+  PutKey(*client, "/a/log/leader");
+  ChildProcess outer({CtrundPath(), "--listen",
+                      absl::StrCat("127.0.0.1:", FreePort()), "--etcd",
+                      etcd.endpoints(), "--etcd-prefix", "/a/"});
+  CHECK(outer.Wait(kWait) == 1);  // was: campaigning for ever, never serving
+  INFO(outer.Stderr());
+  CHECK(absl::StrContains(outer.Stderr(),
+                          "--etcd-prefix: etcd key '/a/log/leader' under "
+                          "--etcd-prefix /a/ is not this deployment's"));
+  // The inner one, started inside a prefix that holds the outer's log.
+  PutKey(*client, "/b/log/00000000000000000001.7");
+  ChildProcess inner({CtrundPath(), "--listen",
+                      absl::StrCat("127.0.0.1:", FreePort()), "--etcd",
+                      etcd.endpoints(), "--etcd-prefix", "/b/log/"});
+  CHECK(inner.Wait(kWait) == 1);
+  CHECK(absl::StrContains(inner.Stderr(),
+                          "'/b/log/00000000000000000001.7' under "
+                          "--etcd-prefix /b/log/"));
+}
+
+TEST_CASE(
+    "A replica whose restore cannot heal ends, instead of leading and "
+    "stepping down for ever",
+    "[etcd][integration]") {
+  EtcdCluster etcd(1);
+  Replica first(FreePort(), etcd.endpoints(), {"--etcd-lease-ttl", "2"});
+  REQUIRE(first.WaitLeading(kWait));
+  Replica second(FreePort(), etcd.endpoints(), {"--etcd-lease-ttl", "2"});
+  // Another deployment nested inside, after both replicas checked the
+  // prefix: its key is under this one's log.
+  auto client = etcd.Client();
+  PutKey(*client, "/ctrund/log/leader");
+  // The second takes over once the first is gone, and cannot restore.
+  first.process().Signal(SIGKILL);
+  first.process().Wait(kWait);
+  CHECK(second.process().Wait(kWait) == 1);
+  INFO(second.process().Stderr());
+  CHECK(absl::StrContains(second.process().Stderr(),
+                          "this does not heal by itself: stopping (exit 1)"));
+  CHECK(absl::StrContains(second.process().Stderr(), "'/ctrund/log/leader'"));
+  CHECK(CountMatches(second.process().Stderr(), "stepping down") == 0);
 }
 
 }  // namespace

@@ -289,8 +289,7 @@ TEST_CASE("A metrics address in use is said in one line and nothing runs",
         "ctrund: --metrics-listen: cannot serve metrics on "
         "127.0.0.1:" +
             port +
-            " (address in use, or not an address of this "
-            "machine)\n");
+            " (address in use)\n");
 }
 
 }  // namespace

@@ -1069,6 +1069,30 @@ TEST_CASE("The board is read while workers run, and only then",
   CHECK_FALSE(h.Has<e::ReadProgress>());
 }
 
+TEST_CASE(
+    "Workers that never signal are let off at the end of the warm-up, with "
+    "one notice",
+    "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  int notices = 0;
+  for (int i = 0; i < 30; ++i) {
+    h.Advance(absl::Seconds(1));
+    h.Progress(std::vector<ProgressSample>(2));
+    CHECK(h.Reports().empty());
+    CHECK(h.Signals().empty());
+    if (h.Said("no worker of this job has sent a progress signal within its "
+               "warm-up")) {
+      ++notices;
+      CHECK(
+          h.Said("is off for rank 4, rank 5 until a worker of the job "
+                 "sends one"));
+    }
+  }
+  CHECK(notices == 1);
+  CHECK(h.policy().phase() == Phase::kRunning);
+}
+
 TEST_CASE("A hung worker is reported and its evidence taken before the stop",
           "[agent][unit]") {
   Harness h(HangOptions());
@@ -1080,7 +1104,7 @@ TEST_CASE("A hung worker is reported and its evidence taken before the stop",
   h.Progress(OneSilent(h.now()));
   CHECK(
       h.Said("worker rank 5 (local 1, pid 101) is hung: no progress signal "
-             "in the 2.1s since it started (hang timeout 2s"));
+             "in the 2.1s since it started (allowed 2s to start"));
   REQUIRE(h.Reports().size() == 1);
   const v1::WorkerReport r = h.Reports()[0];
   CHECK(r.state() == v1::WorkerReport::FAILED);
@@ -1224,35 +1248,78 @@ TEST_CASE("A straggler named by the rendezvous is said", "[agent][unit]") {
   CHECK(h.Signals().empty());
 }
 
-TEST_CASE(
-    "An expired file timer kills its worker, and the failure names "
-    "the scope",
-    "[agent][unit]") {
-  LaunchOptions o = Options();
-  o.file_timers = true;
-  Harness h(o);
-  h.Assign(0);
+// A timer of worker rank 5 (pid 101) asking for `signal`, expired by now.
+void ExpireTimer(Harness& h, int signal) {
   const absl::Time wall = absl::FromUnixSeconds(1'800'000'000);
-  h.TimerLine(R"({"version": 1, "pid": 101, "scope_id": "dataloader", )"
-              R"("expiration_time": 1800000001.0, "signal": 9})",
+  h.TimerLine(absl::StrCat(R"({"version": 1, "pid": 101, )",
+                           R"("scope_id": "dataloader", )",
+                           R"("expiration_time": 1800000001.0, "signal": )",
+                           signal, "}"),
               wall);
   h.Advance(absl::Milliseconds(900));
   CHECK_FALSE(h.Has<e::KillTimedOut>());
   h.Advance(absl::Milliseconds(200));
+}
+
+TEST_CASE(
+    "An expired file timer's worker fails with its scope named, and gets its "
+    "signal once the evidence is in",
+    "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.file_timers = true;
+  o.hang_evidence_timeout = absl::Seconds(10);
+  Harness h(o);
+  h.Assign(0);
+  ExpireTimer(h, SIGKILL);
+  CHECK(
+      h.Said("torchrun file timer 'dataloader' of worker rank 5 (pid 101) "
+             "expired; collecting evidence from this node's workers, then "
+             "killing it with SIGKILL and stopping the others"));
+  REQUIRE(h.Has<e::CollectEvidence>());
+  CHECK(h.Get<e::CollectEvidence>().focus == 1);
+  CHECK_FALSE(h.Has<e::KillTimedOut>());
+  CHECK(h.Signals().empty());
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::FAILED);
+  CHECK(h.Reports()[0].failure().global_rank() == 5);
+  CHECK(absl::StrContains(h.Reports()[0].failure().message(),
+                          "file timer 'dataloader' expired"));
+  h.Collected();
   REQUIRE(h.Has<e::KillTimedOut>());
   CHECK(h.Get<e::KillTimedOut>().pid == 101);
   CHECK(h.Get<e::KillTimedOut>().signal == SIGKILL);
+  CHECK(h.Get<e::KillTimedOut>().scope == "dataloader");
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+}
+
+TEST_CASE("Without evidence an expired file timer kills at once",
+          "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.file_timers = true;
+  o.hang_evidence_timeout = absl::ZeroDuration();
+  Harness h(o);
+  h.Assign(0);
+  ExpireTimer(h, SIGTERM);
+  REQUIRE(h.Has<e::KillTimedOut>());
+  CHECK(h.Get<e::KillTimedOut>().signal == SIGTERM);
+  CHECK_FALSE(h.Has<e::CollectEvidence>());
   CHECK(
       h.Said("torchrun file timer 'dataloader' of worker rank 5 (pid 101) "
-             "expired; killing it with SIGKILL"));
-  h.Exit(1, 0, SIGKILL);
+             "expired; killing it with SIGTERM and stopping the others"));
+}
+
+TEST_CASE("A file timer that asks for SIGSTOP gets SIGKILL", "[agent][unit]") {
+  LaunchOptions o = Options();
+  o.file_timers = true;
+  o.hang_evidence_timeout = absl::ZeroDuration();
+  Harness h(o);
+  h.Assign(0);
+  ExpireTimer(h, SIGSTOP);
+  REQUIRE(h.Has<e::KillTimedOut>());
+  CHECK(h.Get<e::KillTimedOut>().signal == SIGKILL);
   CHECK(
-      h.Said("worker rank 5 (local 1, pid 101) was killed by SIGKILL: its "
-             "torchrun file timer 'dataloader' expired; stopping the "
-             "others"));
-  REQUIRE(h.Reports().size() == 1);
-  CHECK(absl::StrContains(h.Reports()[0].failure().message(),
-                          "file timer 'dataloader' expired"));
+      h.Said("asks for SIGSTOP, which would stop it, not end it: SIGKILL "
+             "instead"));
 }
 
 TEST_CASE("A malformed file-timer request is said once and ignored",

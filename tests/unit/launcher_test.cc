@@ -17,6 +17,7 @@
 #include "launcher/proc.h"
 #include "launcher/progress_board.h"
 #include "launcher/rendezvous_plan.h"
+#include "launcher/run_directory.h"
 #include "launcher/worker_command.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_output.h"
@@ -930,6 +931,24 @@ TEST_CASE("nproc_per_node=xpu starts one worker per Intel GPU",
   REQUIRE_FALSE(none.ok());
   CHECK(none.status().message().find("no Intel GPU (XPU) is visible") !=
         std::string::npos);
+}
+
+}  // namespace
+}  // namespace ctrun
+
+namespace ctrun {
+namespace {
+
+TEST_CASE("A job id is one folder name under the log dir, whatever it holds",
+          "[launcher][unit]") {
+  CHECK(RunFolderName("job-7") == "job-7");
+  CHECK(RunFolderName("../x") == ".._x");
+  CHECK(RunFolderName("a/b/c") == "a_b_c");
+  CHECK(RunFolderName("/") == "_");
+  CHECK(RunFolderName("") == "job");
+  CHECK(RunFolderName(std::string(300, 'x')).size() == 200);
+  // ".." alone gets mkdtemp's suffix: ".._XXXXXX" is a plain name.
+  CHECK(RunFolderName("..") == "..");
 }
 
 }  // namespace

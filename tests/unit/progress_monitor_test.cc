@@ -57,10 +57,12 @@ class Board {
 
   // Advances the clock in poll steps; returns the first hang seen (its
   // silent workers), or an empty list.
-  std::vector<SilentWorker> Run(absl::Duration d) {
+  // With `beating`, that worker beats at every poll.
+  std::vector<SilentWorker> Run(absl::Duration d, int beating = -1) {
     const absl::Time end = now_ + d;
     while (now_ < end) {
       now_ = std::min(end, now_ + ProgressMonitor::kPollEvery);
+      if (beating >= 0) Beat(beating);
       auto silent = monitor_.Observe(samples_, now_);
       if (!silent.empty()) return silent;
     }
@@ -77,6 +79,7 @@ class Board {
   }
 
   ProgressMonitor& monitor() { return monitor_; }
+  ProgressSample& sample(int w) { return samples_[static_cast<size_t>(w)]; }
   absl::Time now() const { return now_; }
   void Restart() {
     for (auto& s : samples_) s = ProgressSample{};
@@ -140,9 +143,10 @@ TEST_CASE("The first signal is awaited for the warm-up allowance",
           "[progress][unit]") {
   HangTimeout t = Fixed(absl::Seconds(3));
   t.warmup = absl::Seconds(60);
-  Board b(t, 1);
-  auto silent = b.Run(absl::Seconds(70));
+  Board b(t, 2);
+  auto silent = b.Run(absl::Seconds(70), /*beating=*/1);
   REQUIRE(silent.size() == 1);
+  CHECK(silent[0].local_rank == 0);
   CHECK_FALSE(silent[0].ever);
   CHECK(silent[0].timeout == absl::Seconds(60));
   CHECK(b.now() - kStart > absl::Seconds(60));
@@ -152,12 +156,74 @@ TEST_CASE("Without a warm-up the first signal is awaited for the timeout",
           "[progress][unit]") {
   HangTimeout t = Fixed(absl::Seconds(3));
   t.warmup = absl::ZeroDuration();
-  Board b(t, 1);
-  auto silent = b.Run(absl::Seconds(10));
+  Board b(t, 2);
+  auto silent = b.Run(absl::Seconds(10), /*beating=*/1);
   REQUIRE(silent.size() == 1);
   CHECK_FALSE(silent[0].ever);
   CHECK(silent[0].since == kStart);
   CHECK(b.now() - kStart <= absl::Seconds(3) + ProgressMonitor::kPollEvery);
+}
+
+TEST_CASE(
+    "Workers of a job that never signals are let off at the end of the "
+    "warm-up, once",
+    "[progress][unit]") {
+  HangTimeout t = Fixed(absl::Seconds(3));
+  t.warmup = absl::Seconds(60);
+  Board b(t, 2);
+  CHECK(b.Run(absl::Seconds(59)).empty());
+  CHECK(b.monitor().TakeUnsignalled().empty());  // still warming up
+  CHECK(b.Run(absl::Minutes(30)).empty());
+  CHECK(b.monitor().TakeUnsignalled() == std::vector<int>{10, 11});
+  CHECK(b.Run(absl::Minutes(30)).empty());
+  CHECK(b.monitor().TakeUnsignalled().empty());  // said once
+}
+
+TEST_CASE("A rank silent from its start is judged once another rank signals",
+          "[progress][unit]") {
+  HangTimeout t = Fixed(absl::Seconds(3));
+  t.warmup = absl::Seconds(60);
+  Board b(t, 2);
+  CHECK(b.Run(absl::Seconds(120)).empty());
+  auto silent = b.Run(absl::Seconds(1), /*beating=*/1);
+  REQUIRE(silent.size() == 1);
+  CHECK(silent[0].local_rank == 0);
+  CHECK(silent[0].since == kStart);
+}
+
+TEST_CASE("Another node's figures mean the job signals", "[progress][unit]") {
+  HangTimeout t = Fixed(absl::Seconds(3));
+  t.warmup = absl::Seconds(60);
+  Board b(t, 1);
+  google::protobuf::RepeatedPtrField<v1::LearnedInterval> job;
+  job.Add()->set_longest_ms(500);
+  b.monitor().MergeLearned(job);
+  auto silent = b.Run(absl::Seconds(70));
+  REQUIRE(silent.size() == 1);
+  CHECK_FALSE(silent[0].ever);
+}
+
+TEST_CASE("A worker's own times are kept within what the agent saw",
+          "[progress][unit]") {
+  Board b(Fixed(absl::Seconds(2)), 1);
+  b.Run(absl::Seconds(1));
+  // Far in the future: without the clamp, never hung again.
+  ProgressSample& s = b.sample(0);
+  ++s.events;
+  s.event_time = b.now() + absl::Hours(1000);
+  const absl::Time seen = b.now() + ProgressMonitor::kPollEvery;
+  auto silent = b.Run(absl::Seconds(5));
+  REQUIRE(silent.size() == 1);
+  CHECK(silent[0].since == seen);
+  // Far in the past: the silence counts from the previous event at most.
+  ++s.events;
+  s.event_time = absl::UnixEpoch() + absl::Nanoseconds(1);
+  b.monitor().Start({10}, b.now());
+  const absl::Time restart = b.now();
+  silent = b.Run(absl::Seconds(5));
+  REQUIRE(silent.size() == 1);
+  CHECK(silent[0].since >= restart);
+  CHECK(b.now() - silent[0].since <= absl::Seconds(3));
 }
 
 TEST_CASE("No timeout runs inside an untimed section", "[progress][unit]") {

@@ -1,6 +1,7 @@
 // The progress board: how workers tell their agent that they make progress.
 //
-// The agent creates one file per node (`CTRUN_PROGRESS_FILE`), maps it
+// The agent creates one board per node (`CTRUN_PROGRESS_FILE`: a memory
+// file sealed at its size, opened through the agent's /proc), maps it
 // shared, and gives each worker a slot (`CTRUN_PROGRESS_SLOT`). A worker
 // writes plain stores into its slot — no system call, no lock, nothing that
 // can block — and the agent reads every slot a few times a second. The C++

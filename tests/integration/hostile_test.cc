@@ -1,0 +1,249 @@
+// What a worker, a path or a flag can do to an agent (issue: nothing takes
+// the agent down or kills a healthy job): real ctrun and ctrund binaries,
+// real worker processes, real FIFOs and sockets.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "rendezvous/endpoint.h"
+#include "rendezvous/metrics.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+#include "tests/support/http_get.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+// A fresh folder under the test's TMPDIR.
+std::string Scratch(const std::string& name) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          absl::StrCat("hostile-", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string WriteScript(const std::string& dir, const std::string& name,
+                        const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+struct Ended {
+  std::optional<int> code;
+  std::string err;
+};
+
+Ended Run(std::vector<std::string> argv, absl::Duration timeout = kWait) {
+  ChildProcess p(std::move(argv));
+  Ended e;
+  e.code = p.Wait(timeout);
+  if (!e.code) {
+    p.Signal(SIGKILL);
+    p.Wait(absl::Seconds(10));
+  }
+  e.err = p.Stderr();
+  return e;
+}
+
+TEST_CASE("A worker that truncates the progress board cannot crash its agent",
+          "[hostile][integration]") {
+  const std::string dir = Scratch("truncate");
+  // Every way a worker can shrink a file it can open.
+  const std::string script = WriteScript(dir, "truncate.py", R"(
+import os, time
+path = os.environ["CTRUN_PROGRESS_FILE"]
+refused = 0
+for attempt in (lambda: open(path, "w").close(),
+                lambda: os.truncate(path, 0),
+                lambda: os.truncate(path, 10)):
+    try:
+        attempt()
+    except OSError:
+        refused += 1
+print("refused", refused, flush=True)
+time.sleep(1)  # the agent reads the board several times meanwhile
+)");
+  for (const char* hang : {"--hang_timeout=30", "--hang_timeout=off"}) {
+    INFO(hang);
+    const Ended e =
+        Run({CtrunPath(), "--standalone", "--nproc_per_node=2", hang, script});
+    INFO(e.err);
+    CHECK(e.code == 0);  // was 135 (SIGBUS)
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "A worker that removes the progress board leaves the next round "
+    "reporting",
+    "[hostile][integration]") {
+  const std::string dir = Scratch("remove");
+  const std::string script = WriteScript(dir, "remove.py", R"(
+import os, sys, time
+import ctrun
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    try:
+        os.remove(os.environ["CTRUN_PROGRESS_FILE"])  # a temp-dir cleanup
+    except OSError:
+        pass
+    sys.exit(1)
+for _ in range(12):
+    ctrun.heartbeat()
+    time.sleep(0.25)
+)");
+  const Ended e = Run({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                       "--max_restarts=1", "--hang_timeout=1.5",
+                       "--hang_warmup=0", script});
+  INFO(e.err);
+  CHECK(e.code == 0);  // was 124: heartbeats went to a removed file
+  CHECK_FALSE(absl::StrContains(e.err, "is hung"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "An event log or token file that is a FIFO nobody serves is refused at "
+    "once",
+    "[hostile][integration]") {
+  const std::string dir = Scratch("fifo");
+  const std::string fifo = dir + "/fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  const Ended agent =
+      Run({CtrunPath(), "--standalone", "--event_log", fifo, "/bin/true"},
+          absl::Seconds(20));
+  INFO(agent.err);
+  CHECK(agent.code == 2);  // was: blocked for ever, deaf to signals
+  CHECK(absl::StrContains(agent.err, "--event_log: cannot open " + fifo +
+                                         " for appending: it is a FIFO that "
+                                         "nobody reads"));
+  const Ended daemon =
+      Run({CtrundPath(), "--listen", "127.0.0.1:0", "--event-log", fifo},
+          absl::Seconds(20));
+  INFO(daemon.err);
+  CHECK(daemon.code == 2);
+  CHECK(absl::StrContains(daemon.err, "it is a FIFO that nobody reads"));
+  // A token file is read, not written: a FIFO without a writer is empty,
+  // one whose writer never finishes is given up on.
+  const Ended token =
+      Run({CtrundPath(), "--listen", "127.0.0.1:0", "--token-file", fifo},
+          absl::Seconds(20));
+  INFO(token.err);
+  CHECK(token.code == 2);
+  CHECK(absl::StrContains(token.err, fifo));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A failing event log is said once by ctrun",
+          "[hostile][integration]") {
+  const Ended e = Run({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                       "--event_log", "/dev/full", "/bin/true"});
+  INFO(e.err);
+  CHECK(e.code == 0);
+  CHECK(CountMatches(e.err, "event log /dev/full: write failed") == 1);
+}
+
+TEST_CASE("A job id never puts the run folder outside --log_dir",
+          "[hostile][integration]") {
+  const std::string dir = Scratch("rdzv-id");
+  const std::string logs = dir + "/logs";
+  for (const char* id : {"../escaped", "a/b", ".."}) {
+    INFO(id);
+    const Ended e = Run({CtrunPath(), "--standalone", "--log_dir", logs,
+                         absl::StrCat("--rdzv_id=", id), "/bin/true"});
+    INFO(e.err);
+    CHECK(e.code == 0);
+  }
+  // Only the log dir itself in the scratch folder, and in it one folder
+  // per run, none nested.
+  int outside = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    outside += entry.path() != logs;
+  }
+  CHECK(outside == 0);
+  int runs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(logs)) {
+    ++runs;
+    CHECK(std::filesystem::exists(entry.path() / "attempt_0"));
+  }
+  CHECK(runs == 3);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "A --hang_timeout does not kill a job whose workers never send a progress "
+    "signal",
+    "[hostile][integration]") {
+  // A torchrun user's unmodified script with "--hang_timeout like NCCL's".
+  const Ended e =
+      Run({CtrunPath(), "--standalone", "--nproc_per_node=2",
+           "--hang_timeout=1", "--hang_warmup=1", "/bin/sh", "-c", "sleep 4"});
+  INFO(e.err);
+  CHECK(e.code == 0);  // was 124
+  CHECK(absl::StrContains(e.err,
+                          "no worker of this job has sent a progress signal"));
+  CHECK(CountMatches(e.err, "no worker of this job has sent") == 1);
+}
+
+TEST_CASE("Idle connections do not keep scrapes from the metrics endpoint",
+          "[hostile][integration]") {
+  RendezvousMetrics metrics;
+  auto endpoint = MetricsEndpoint::Start(Endpoint{"127.0.0.1", 0}, metrics);
+  REQUIRE(endpoint.ok());
+  const int port = (*endpoint)->endpoint().port;
+  // A port scan's worth of connections that never send a byte.
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    idle.push_back(fd);
+  }
+  for (int scrape = 0; scrape < 5; ++scrape) {
+    auto body = HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(2));
+    REQUIRE(body.ok());
+    CHECK(absl::StrContains(*body, "# TYPE ctrund_rounds_total counter"));
+  }
+  auto missing = HttpGet("127.0.0.1", port, "/nothing", absl::Seconds(2));
+  CHECK(absl::IsFailedPrecondition(missing.status()));
+  for (int fd : idle) close(fd);
+}
+
+TEST_CASE("ctrun status names an address that never speaks gRPC",
+          "[hostile][integration]") {
+  // A listener that takes connections and says nothing (the kernel
+  // completes the handshakes; nobody accepts).
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(fd, 16) == 0);
+  socklen_t length = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length);
+  const std::string endpoint = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
+  const Ended e = Run({CtrunPath(), "status", "--rdzv_backend=c10d",
+                       "--rdzv_endpoint=" + endpoint, "--rdzv_id=j"});
+  INFO(e.err);
+  CHECK(e.code == 1);
+  CHECK(absl::StrContains(e.err,
+                          endpoint + " did not answer as a ctrun rendezvous"));
+  CHECK_FALSE(absl::StrContains(e.err, "Deadline Exceeded"));
+  close(fd);
+}
+
+}  // namespace
+}  // namespace ctrun::testing
