@@ -360,12 +360,27 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   }
   const sigset_t signals = AgentSignals(options.signals_to_handle);
   PrepareProcess(signals);
+  const bool temporary = options.log_dir.empty();
+  if (temporary) {
+    if (const std::vector<std::string> stale =
+            RemoveStaleRunDirectories(TemporaryDirectory());
+        !stale.empty()) {
+      std::cerr << "ctrun: removed " << stale.size()
+                << (stale.size() == 1 ? " run folder" : " run folders")
+                << " left by ctrun agents killed before they could clean up ("
+                << stale.front() << (stale.size() > 1 ? ", ..." : "") << ")\n";
+    }
+  }
   auto run_dir = MakeRunDirectory(options.log_dir, options.run_id);
   if (!run_dir.ok()) {
     return Fail(std::string(run_dir.status().message()),
                 absl::IsInvalidArgument(run_dir.status()) ? kUsageError : 1);
   }
-  const bool temporary = options.log_dir.empty();
+  if (temporary) {
+    if (auto s = MarkRunDirectory(*run_dir); !s.ok()) {
+      return Fail(std::string(s.message()), 1);
+    }
+  }
   if (!temporary) {
     std::cerr << "ctrun: this run's logs go to " << *run_dir << "\n";
   }

@@ -45,6 +45,20 @@ std::string ReadProcFile(const std::string& path, size_t limit) {
   return text;
 }
 
+unsigned long long ProcessStartTime(pid_t pid) {
+  const std::string text =
+      ReadProcFile("/proc/" + std::to_string(pid) + "/stat", 1024);
+  const size_t close_paren = text.rfind(')');
+  if (close_paren == std::string::npos) return 0;
+  // Fields after the command: state (3) ... starttime (22).
+  const char* p = text.c_str() + close_paren + 1;
+  for (int field = 3; field < 22 && *p != '\0'; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return std::strtoull(p, nullptr, 10);
+}
+
 std::vector<pid_t> ChildrenOf(pid_t parent) {
   std::vector<pid_t> children;
   ForEachProcess([&](pid_t pid) {

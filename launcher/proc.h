@@ -22,6 +22,11 @@ std::vector<pid_t> ChildrenOf(pid_t parent);
 // seen.
 std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry);
 
+// When process `pid` started, in clock ticks since boot (/proc/PID/stat's
+// starttime): with the pid, it names one process even after the pid is
+// reused. 0 when it is gone.
+unsigned long long ProcessStartTime(pid_t pid);
+
 // How process `pid` stands, for an operator: "D (disk sleep) in
 // WCHAN" from /proc/PID/status and /proc/PID/wchan; "gone" when it is.
 std::string DescribeProcessState(pid_t pid);

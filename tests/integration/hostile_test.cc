@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "launcher/proc.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/metrics.h"
 #include "tests/support/child_process.h"
@@ -243,6 +245,75 @@ TEST_CASE("ctrun status names an address that never speaks gRPC",
                           endpoint + " did not answer as a ctrun rendezvous"));
   CHECK_FALSE(absl::StrContains(e.err, "Deadline Exceeded"));
   close(fd);
+}
+
+// A run folder in `tmp` as ctrun leaves it: with its agent's mark (pid,
+// start time) made `age` ago, or without one (kept on purpose).
+std::string LeftFolder(const std::string& tmp, const std::string& name,
+                       std::optional<std::pair<pid_t, unsigned long long>> mark,
+                       absl::Duration age) {
+  const std::string dir = tmp + "/" + name;
+  std::filesystem::create_directories(dir + "/hang_round_0");
+  std::ofstream(dir + "/hang_round_0/rank0.python.txt") << "a stack\n";
+  if (mark) {
+    std::filesystem::create_directories(dir + "/.ctrun");
+    std::ofstream(dir + "/.ctrun/agent")
+        << mark->first << " " << mark->second << "\n";
+    std::filesystem::last_write_time(
+        dir + "/.ctrun/agent",
+        std::filesystem::file_time_type::clock::now() -
+            std::chrono::seconds(absl::ToInt64Seconds(age)));
+  }
+  return dir;
+}
+
+TEST_CASE(
+    "The next run removes folders of killed agents, and never evidence kept "
+    "on purpose",
+    "[hostile][integration]") {
+  const std::string tmp = Scratch("stale");
+  // A process that is gone: its pid and start time name nothing now.
+  ChildProcess gone({"/bin/true"});
+  REQUIRE(gone.Wait(kWait) == 0);
+  const auto dead = std::make_pair(gone.pid(), 12345ULL);
+  const auto alive = std::make_pair(getpid(), ProcessStartTime(getpid()));
+  const std::string killed =
+      LeftFolder(tmp, "ctrun-killed", dead, absl::Minutes(10));
+  const std::string recent =
+      LeftFolder(tmp, "ctrun-recent", dead, absl::Seconds(5));
+  const std::string kept =
+      LeftFolder(tmp, "ctrun-kept00", std::nullopt, absl::Hours(1));
+  const std::string running =
+      LeftFolder(tmp, "ctrun-runnin", alive, absl::Minutes(10));
+  ChildProcess first(
+      {CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/true"},
+      {"TMPDIR=" + tmp});
+  REQUIRE(first.Wait(kWait) == 0);
+  INFO(first.Stderr());
+  CHECK(absl::StrContains(first.Stderr(),
+                          "ctrun: removed 1 run folder left by ctrun agents "
+                          "killed before they could clean up (" +
+                              killed + ")"));
+  CHECK_FALSE(std::filesystem::exists(killed));
+  CHECK(std::filesystem::exists(recent));  // maybe still being left
+  CHECK(std::filesystem::exists(kept + "/hang_round_0/rank0.python.txt"));
+  CHECK(std::filesystem::exists(running));
+  ChildProcess second(
+      {CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/true"},
+      {"TMPDIR=" + tmp});
+  REQUIRE(second.Wait(kWait) == 0);
+  CHECK_FALSE(absl::StrContains(second.Stderr(), "removed"));
+  // A run that ends normally leaves no mark behind in what it keeps.
+  ChildProcess failing({CtrunPath(), "--standalone", "--nproc_per_node=1",
+                        "/bin/sh", "-c", "echo boom >&2; exit 3"},
+                       {"TMPDIR=" + tmp});
+  REQUIRE(failing.Wait(kWait) == 3);
+  int marked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+    marked += std::filesystem::exists(e.path() / ".ctrun" / "agent");
+  }
+  CHECK(marked == 2);  // recent and running; nothing of the three runs
+  std::filesystem::remove_all(tmp);
 }
 
 }  // namespace
