@@ -178,11 +178,15 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   paths.python_dir = agent_dir_ + "/python";
   std::error_code ec;
   std::filesystem::create_directories(paths.python_dir + "/ctrun", ec);
-  const std::string module = paths.python_dir + "/ctrun/__init__.py";
-  if (!(std::ofstream(module) << kPythonModule)) {
-    // A worker's `import ctrun` would fail on it: say so now.
-    return absl::InternalError(
-        absl::StrCat("cannot write ctrun's Python module to ", module));
+  for (const auto& [file, text] :
+       {std::pair{paths.python_dir + "/ctrun/__init__.py", kPythonModule},
+        std::pair{paths.python_dir + "/sitecustomize.py",
+                  kPythonSitecustomize}}) {
+    if (!(std::ofstream(file) << text)) {
+      // A worker's `import ctrun` would fail on it: say so now.
+      return absl::InternalError(
+          absl::StrCat("cannot write ctrun's Python module to ", file));
+    }
   }
   auto board = ProgressBoard::Create(group.options.local_world_size);
   if (!board.ok()) return board.status();

@@ -132,9 +132,10 @@ TEST_CASE(
     "worker with the signal asked after its evidence, and the summary names "
     "the scope",
     "[hang][e2e]") {
+  const std::string logs = LogDir("file-timer");
   const auto [out, err, code] =
-      RunToEnd({CtrunPath(), "--standalone", "--nproc_per_node=2",
-                Script("file_timer.py")},
+      RunToEnd({CtrunPath(), "--standalone", "--nproc_per_node=2", "--log_dir",
+                logs, Script("file_timer.py")},
                {kPython, "TORCHELASTIC_ENABLE_FILE_TIMER=1"});
   INFO(out << err);
   CHECK(code == 128 + SIGTERM);  // the root cause's, from a live agent
@@ -143,11 +144,15 @@ TEST_CASE(
   CHECK(absl::StrContains(err,
                           "expired; collecting evidence from this node's "
                           "workers, then killing it with SIGTERM"));
-  // Evidence before the kill: both workers' state, kept where it says.
+  // Evidence before the kill: both workers' state, kept where it says,
+  // Python stacks included though the script never imports ctrun.
   CHECK(std::regex_search(
       err, std::regex("evidence in [^ ]*/hang_round_0: last output of 2 "
-                      "workers, Python stacks of 0, native stacks of 2")));
+                      "workers, Python stacks of 2, native stacks of 2")));
+  CHECK(absl::StrContains(Slurp(RunDir(logs) / "hang_round_0/rank1.python.txt"),
+                          "file_timer.py"));
   CHECK_FALSE(absl::StrContains(err, "not killing"));
+  std::filesystem::remove_all(logs);
   CHECK(absl::StrContains(err, "Root Cause (first observed failure)"));
   CHECK(absl::StrContains(err,
                           "cause      : torchrun file timer 'slow_io' "
@@ -282,6 +287,53 @@ TEST_CASE("import ctrun outside ctrun does nothing and raises nothing",
     CHECK(out == "quiet\n");
     CHECK(p.Stderr().empty());
   }
+}
+
+TEST_CASE("ctrun's sitecustomize runs the one it hides, as Python would have",
+          "[hang][e2e]") {
+  // A sitecustomize further along the path (as the system's is).
+  const std::string dir = LogDir("sitecustomize");
+  std::ofstream(dir + "/sitecustomize.py")
+      << "import sys\nprint('the other sitecustomize ran', flush=True)\n";
+  ChildProcess p({"/usr/bin/python3", "-c",
+                  "import sys; print(sys.modules['sitecustomize'].__file__); "
+                  "print('ctrun' in sys.modules)"},
+                 {"PYTHONPATH=" + SourceDir() + "/worker_lib/python:" + dir});
+  const std::string out = p.ReadAll(absl::Seconds(60));
+  REQUIRE(p.Wait(absl::Seconds(10)) == 0);
+  CHECK(out ==
+        "the other sitecustomize ran\n" + dir + "/sitecustomize.py\nTrue\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "A worker's spawned Python child leaves the worker's progress slot alone",
+    "[hang][e2e]") {
+  // The child imports ctrun (sitecustomize) and exits: its exit must not
+  // say that the worker is done, or the worker's hang below goes unseen.
+  const std::string dir = LogDir("spawn");
+  std::ofstream(dir + "/spawn.py") << R"(
+import multiprocessing, time
+import ctrun
+
+def child():
+    pass
+
+if __name__ == "__main__":
+    ctrun.heartbeat()
+    p = multiprocessing.get_context("spawn").Process(target=child)
+    p.start()
+    p.join()
+    ctrun.heartbeat()
+    time.sleep(30)  # hung
+)";
+  const auto [out, err, code] = RunToEnd(
+      {CtrunPath(), "--standalone", "--nproc_per_node=1", "--hang_timeout=2",
+       "--hang_warmup=0", "--hang_evidence_timeout=0", dir + "/spawn.py"});
+  INFO(out << err);
+  CHECK(code == 124);
+  CHECK(absl::StrContains(err, "is hung: no progress for"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

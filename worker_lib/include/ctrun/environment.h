@@ -56,6 +56,10 @@ inline constexpr char kContainmentMark[] = "CTRUN_AGENT_MARK";
 inline constexpr char kProgressFile[] = "CTRUN_PROGRESS_FILE";
 inline constexpr char kProgressSlot[] = "CTRUN_PROGRESS_SLOT";
 inline constexpr char kStacksFile[] = "CTRUN_STACKS_FILE";
+// Set by the Python module in the worker that attached to the slot, so that
+// its Python children (multiprocessing's spawn, a subprocess) leave the
+// slot alone: their exit is not the worker's.
+inline constexpr char kProgressOwner[] = "CTRUN_PROGRESS_PID";
 // ctrun's Python module is appended here (never replacing the user's).
 inline constexpr char kPythonPath[] = "PYTHONPATH";
 // torchrun's file timers: the agent serves the FIFO when the first is 1, and

@@ -18,8 +18,9 @@ installed:
 
 Each call writes a few numbers into memory shared with the agent (the
 layout is ctrun/progress_board.h in libctrun_worker): no system call, no
-lock, nothing that can block. Outside ctrun, and in processes forked from
-the worker (DataLoader workers), every function does nothing.
+lock, nothing that can block. Outside ctrun, in processes forked from the
+worker (DataLoader workers) and in its Python children (multiprocessing's
+spawn, a subprocess), every function does nothing.
 
 Under ctrun, importing the module also registers faulthandler on a spare
 real-time signal, so that the agent can take every thread's Python stack
@@ -168,6 +169,11 @@ def _attach():
     if not path or slot is None or not slot.isdigit():
         return
     index = int(slot)
+    # A Python child of the worker (multiprocessing's spawn or forkserver, a
+    # subprocess) inherits the slot's variables; the slot is its parent's.
+    owner = os.environ.get("CTRUN_PROGRESS_PID")
+    if owner is not None and owner != str(os.getpid()):
+        return
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
@@ -181,6 +187,7 @@ def _attach():
         m.close()
         return
     _map = m
+    os.environ["CTRUN_PROGRESS_PID"] = str(os.getpid())
     _offset = _HEADER + index * _SLOT
     _base = _offset // 8
     _words = memoryview(m).cast("q")

@@ -1,0 +1,34 @@
+"""ctrun's sitecustomize, on the PYTHONPATH of every Python worker that ctrun
+launches (after the user's own entries).
+
+It imports the `ctrun` module, so that a hung worker's Python stacks can be
+taken even from a script that never imports ctrun itself (faulthandler on a
+spare real-time signal; nothing else that the script would notice). Then it
+runs the sitecustomize that it would otherwise hide (the system's, or one
+further along sys.path), exactly as Python would have: a worker sees no
+difference but the stacks.
+"""
+
+
+def _ctrun_chain():
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    # An error in it is reported by site.py as for any sitecustomize.
+    spec.loader.exec_module(module)
+
+
+try:
+    import ctrun  # noqa: F401
+except Exception:  # a worker must never fail because of ctrun
+    pass
+_ctrun_chain()
