@@ -44,12 +44,18 @@ namespace {
     if (record < 0) groups.erase(-record);
   }
   for (pid_t pgid : groups) kill(-pgid, SIGKILL);
-  // A few passes catch what was forked while we looked.
-  for (int pass = 0; pass < 10; ++pass) {
+  // A few passes catch what was forked while we looked. One empty pass is
+  // not enough: a process in the middle of execve shows an empty environ
+  // for a moment (its new stack is not set up yet), and would be missed
+  // (the "descendants that left the session" flake). Two in a row, a moment
+  // apart, are.
+  int empty_passes = 0;
+  for (int pass = 0; pass < 12; ++pass) {
     const std::vector<pid_t> left = ProcessesWithEnvironment(marked);
-    if (left.empty()) break;
+    empty_passes = left.empty() ? empty_passes + 1 : 0;
+    if (empty_passes == 2) break;
     for (pid_t pid : left) kill(pid, SIGKILL);
-    usleep(20'000);
+    usleep(left.empty() ? 2'000 : 20'000);
   }
   // An agent that exited normally removed it already, or kept it for a
   // reason; one that was killed could not.

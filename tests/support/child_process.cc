@@ -167,20 +167,26 @@ std::optional<std::string> ChildProcess::WaitForLine(const std::string& needle,
 
 void ChildProcess::Signal(int signal) const { kill(pid_, signal); }
 
-std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
-  if (exit_code_) return exit_code_;
+std::optional<int> ReapWithin(pid_t pid, absl::Duration timeout,
+                              const std::function<void()>& meanwhile) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      exit_code_ =
-          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      return exit_code_;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     if (absl::Now() >= deadline) return std::nullopt;
-    absl::SleepFor(absl::Milliseconds(5));
+    if (meanwhile) {
+      meanwhile();
+    } else {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
   }
+}
+
+std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
+  if (!exit_code_) exit_code_ = ReapWithin(pid_, timeout);
+  return exit_code_;
 }
 
 std::string ChildProcess::Stderr() const {

@@ -43,6 +43,12 @@ std::vector<ProcessInfo> AllProcesses();
 void EndProcesses(const std::function<bool(const ProcessInfo&)>& of,
                   absl::Duration grace);
 
+// Waits up to `timeout` for child `pid` to exit and reaps it; its exit code
+// (128 + signal if killed), or nullopt if it still runs. `meanwhile` runs
+// between looks (a short sleep when none is given).
+std::optional<int> ReapWithin(pid_t pid, absl::Duration timeout,
+                              const std::function<void()>& meanwhile = {});
+
 class ChildProcess {
  public:
   // Starts `argv` (argv[0] is a path) with this process's environment plus

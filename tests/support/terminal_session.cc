@@ -96,19 +96,13 @@ bool TerminalSession::WaitFor(const std::string& needle, absl::Duration timeout,
 
 std::optional<int> TerminalSession::Wait(absl::Duration timeout) {
   if (exit_code_) return exit_code_;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      Read(absl::ZeroDuration());
-      exit_code_ =
-          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      return exit_code_;
-    }
-    if (absl::Now() >= deadline) return std::nullopt;
+  // The terminal is drained meanwhile: a child blocked writing to a full
+  // pty would never exit.
+  exit_code_ = ReapWithin(pid_, timeout, [this] {
     if (!Read(absl::Milliseconds(20))) absl::SleepFor(absl::Milliseconds(20));
-  }
+  });
+  if (exit_code_) Read(absl::ZeroDuration());
+  return exit_code_;
 }
 
 std::vector<ProcessInfo> TerminalSession::Members() const {
