@@ -496,5 +496,24 @@ TEST_CASE(
   CHECK(CountMatches(second.process().Stderr(), "stepping down") == 0);
 }
 
+TEST_CASE(
+    "A stop wins over a step-down: a leader told to stop while paused past "
+    "its lease ends",
+    "[etcd][integration]") {
+  EtcdCluster etcd(1);
+  Replica replica(FreePort(), etcd.endpoints(), {"--etcd-lease-ttl", "2"});
+  REQUIRE(replica.WaitLeading(kWait));
+  replica.process().Signal(SIGSTOP);
+  absl::SleepFor(absl::Seconds(4));  // its lease lapses meanwhile
+  // On waking it finds both a stop and a lease gone: it must stop, not
+  // start again as a standby that runs on.
+  replica.process().Signal(SIGTERM);
+  replica.process().Signal(SIGCONT);
+  CHECK(replica.process().Wait(absl::Seconds(20)) == 0);
+  INFO(replica.process().Stderr());
+  CHECK_FALSE(absl::StrContains(replica.process().Stderr(),
+                                "starting again as a standby"));
+}
+
 }  // namespace
 }  // namespace ctrun::testing
