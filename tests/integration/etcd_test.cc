@@ -515,5 +515,24 @@ TEST_CASE(
                                 "starting again as a standby"));
 }
 
+TEST_CASE("A standby says once that etcd is out of reach, not every tick",
+          "[etcd][integration]") {
+  EtcdCluster etcd(1);
+  Replica first(FreePort(), etcd.endpoints(), {"--etcd-lease-ttl", "2"});
+  REQUIRE(first.WaitLeading(kWait));
+  Replica second(FreePort(), etcd.endpoints(), {"--etcd-lease-ttl", "2"});
+  etcd.Kill(0);
+  absl::SleepFor(absl::Seconds(5));  // 100 ticks of the lease's loop
+  const std::string err = second.process().Stderr();
+  INFO(err);
+  // Said once each (the next would come a minute later), where it was said
+  // every 50 ms tick.
+  CHECK(CountMatches(err, "cannot renew the etcd lease") <= 1);
+  CHECK(CountMatches(err, "cannot get a lease from etcd") <= 1);
+  CHECK(CountMatches(err, "cannot renew the etcd lease") +
+            CountMatches(err, "cannot get a lease from etcd") >=
+        1);
+}
+
 }  // namespace
 }  // namespace ctrun::testing
