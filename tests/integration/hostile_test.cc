@@ -47,8 +47,9 @@ struct Ended {
   std::string err;
 };
 
-Ended Run(std::vector<std::string> argv, absl::Duration timeout = kWait) {
-  ChildProcess p(std::move(argv));
+Ended Run(std::vector<std::string> argv, absl::Duration timeout = kWait,
+          std::vector<std::string> env = {}) {
+  ChildProcess p(std::move(argv), std::move(env));
   Ended e;
   e.code = p.Wait(timeout);
   if (!e.code) {
@@ -314,6 +315,32 @@ TEST_CASE(
   }
   CHECK(marked == 2);  // recent and running; nothing of the three runs
   std::filesystem::remove_all(tmp);
+}
+
+TEST_CASE("A file-timer kill that is refused is not announced as done",
+          "[hostile][integration]") {
+  const Ended e =
+      Run({CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/sh", "-c",
+           "echo '{\"version\": 1, \"pid\": 1, \"scope_id\": \"s\", "
+           "\"expiration_time\": 1.0, \"signal\": 9}' > "
+           "\"$TORCHELASTIC_TIMER_FILE\"; sleep 1"},
+          kWait, {"TORCHELASTIC_ENABLE_FILE_TIMER=1"});
+  INFO(e.err);
+  CHECK(e.code == 0);
+  CHECK(absl::StrContains(e.err,
+                          "torchrun file timer 's' of pid 1 expired; not "
+                          "killing it: it is not one of this node's workers"));
+  CHECK_FALSE(absl::StrContains(e.err, "killing it with"));
+}
+
+TEST_CASE("Metrics served beyond loopback are said so",
+          "[hostile][integration]") {
+  ChildProcess daemon({CtrundPath(), "--listen", "127.0.0.1:0",
+                       "--metrics-listen", "0.0.0.0:0"});
+  CHECK(daemon.StderrContains(
+      "serves job and node names beyond this machine, without a token", kWait));
+  daemon.Signal(SIGTERM);
+  CHECK(daemon.Wait(kWait) == 0);
 }
 
 }  // namespace
