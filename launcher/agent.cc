@@ -27,7 +27,7 @@
 #include "launcher/watchdog.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/grpc_status.h"
-#include "rendezvous/rendezvous_server.h"
+#include "rendezvous/monotonic_clock.h"
 
 namespace ctrun {
 namespace {

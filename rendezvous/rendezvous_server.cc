@@ -29,11 +29,6 @@
 
 namespace ctrun {
 
-absl::Time MonotonicNow() {
-  return absl::UnixEpoch() +
-         absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
-}
-
 namespace {
 
 class SessionReactor;

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rendezvous/monotonic_clock.h"
 #include "rendezvous/durable_state.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/event_log.h"
@@ -104,10 +105,6 @@ class RendezvousServer {
   explicit RendezvousServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// The monotonic clock the server runs the core on.
-absl::Time MonotonicNow();
-
 }  // namespace ctrun
 
 #endif  // CTRUN_RENDEZVOUS_RENDEZVOUS_SERVER_H_
