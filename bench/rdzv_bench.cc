@@ -50,9 +50,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "launcher/proc.h"
-#include "rendezvous/client.h"
-#include "rendezvous/endpoint.h"
+#include "launcher/workers/proc.h"
+#include "rendezvous/client/client.h"
+#include "rendezvous/rpc/endpoint.h"
 
 namespace ctrun::bench {
 namespace {

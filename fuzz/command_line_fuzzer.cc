@@ -1,4 +1,4 @@
-// ctrun's command line (launcher/command_line.h), --rdzv_conf and the
+// ctrun's command line (launcher/options/command_line.h), --rdzv_conf and the
 // Slurm and PET_* environment layers: any input parses or is refused with a
 // message, never a crash. Input: one argument per line; after a line
 // "--ENV--", one NAME=VALUE per line.
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "launcher/command_line.h"
-#include "launcher/launch_options.h"
+#include "launcher/options/command_line.h"
+#include "launcher/options/launch_options.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

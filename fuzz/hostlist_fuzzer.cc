@@ -1,4 +1,4 @@
-// Slurm hostlists (launcher/slurm.h): any input is expanded or refused,
+// Slurm hostlists (launcher/options/slurm.h): any input is expanded or refused,
 // never a crash; what expands re-expands to itself once joined by commas.
 #include <cstddef>
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_join.h"
-#include "launcher/slurm.h"
+#include "launcher/options/slurm.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string list(reinterpret_cast<const char*>(data), size);

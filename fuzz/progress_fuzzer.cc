@@ -13,9 +13,9 @@
 #include <string>
 
 #include "ctrun/progress_board.h"
-#include "launcher/file_timers.h"
-#include "launcher/progress_board.h"
-#include "launcher/progress_monitor.h"
+#include "launcher/policy/file_timers.h"
+#include "launcher/workers/progress_board.h"
+#include "launcher/policy/progress_monitor.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ctrun;

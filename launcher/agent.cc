@@ -22,12 +22,13 @@
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
 #include "ctrun/v1/admin.grpc.pb.h"
-#include "launcher/proc.h"
+#include "launcher/workers/proc.h"
+#include "launcher/hw/topology.h"
 #include "launcher/python_module.h"
-#include "launcher/watchdog.h"
-#include "rendezvous/endpoint.h"
-#include "rendezvous/grpc_status.h"
-#include "rendezvous/monotonic_clock.h"
+#include "launcher/workers/watchdog.h"
+#include "rendezvous/rpc/endpoint.h"
+#include "rendezvous/rpc/grpc_status.h"
+#include "rendezvous/rpc/monotonic_clock.h"
 
 namespace ctrun {
 namespace {

@@ -20,15 +20,15 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "launcher/agent_policy.h"
-#include "launcher/console.h"
-#include "launcher/evidence.h"
-#include "launcher/gpu_watch.h"
-#include "launcher/nvml.h"
-#include "launcher/progress_board.h"
-#include "launcher/worker_group.h"
-#include "rendezvous/client.h"
-#include "rendezvous/event_log.h"
+#include "launcher/policy/agent_policy.h"
+#include "launcher/workers/console.h"
+#include "launcher/workers/evidence.h"
+#include "launcher/policy/gpu_watch.h"
+#include "launcher/hw/nvml.h"
+#include "launcher/workers/progress_board.h"
+#include "launcher/workers/worker_group.h"
+#include "rendezvous/client/client.h"
+#include "rendezvous/ops/event_log.h"
 
 namespace ctrun {
 

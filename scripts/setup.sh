@@ -12,7 +12,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libcli11-dev catch2 libgloo-dev libssl-dev
   python3 python3-torch procps openssl
-  # Native stacks of hung workers (launcher/evidence.h).
+  # Native stacks of hung workers (launcher/workers/evidence.h).
   gdb
   # --numa_binding: CPU and memory locality of each worker's GPU.
   libhwloc-dev

@@ -1,7 +1,7 @@
 #include "ctrun/store.h"
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 
 namespace ctrun {
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "rendezvous/endpoint.h"
+#include "rendezvous/rpc/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 #include "tests/support/daemon.h"
 #include "tests/support/session_probe.h"
 

@@ -20,7 +20,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "rendezvous/journal.h"
+#include "rendezvous/durable/journal.h"
 #include "tests/support/daemon.h"
 #include "tests/support/session_probe.h"
 

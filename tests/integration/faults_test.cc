@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ctrun/v1/rendezvous.grpc.pb.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 #include "tests/support/session_probe.h"

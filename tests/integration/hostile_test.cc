@@ -14,9 +14,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "launcher/proc.h"
-#include "rendezvous/endpoint.h"
-#include "rendezvous/metrics.h"
+#include "launcher/workers/proc.h"
+#include "rendezvous/rpc/endpoint.h"
+#include "rendezvous/ops/metrics.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 #include "tests/support/http_get.h"

@@ -17,7 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "launcher/slurm.h"
+#include "launcher/options/slurm.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 #include "tests/support/munged.h"

@@ -18,7 +18,7 @@ extern char** environ;
 #include <sstream>
 
 #include "absl/time/clock.h"
-#include "launcher/proc.h"
+#include "launcher/workers/proc.h"
 
 namespace ctrun::testing {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 #include "tests/support/child_process.h"
 
 namespace ctrun::testing {

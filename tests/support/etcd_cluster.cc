@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "rendezvous/endpoint.h"
+#include "rendezvous/rpc/endpoint.h"
 #include "tests/support/daemon.h"
 
 namespace ctrun::testing {

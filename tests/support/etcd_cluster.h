@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/etcd_client.h"
+#include "rendezvous/etcd/etcd_client.h"
 #include "tests/support/child_process.h"
 
 namespace ctrun::testing {

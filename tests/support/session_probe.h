@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 
 namespace ctrun::testing {
 

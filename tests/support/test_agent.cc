@@ -18,7 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 
 using namespace ctrun;
 

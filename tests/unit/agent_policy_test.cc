@@ -1,4 +1,4 @@
-#include "launcher/agent_policy.h"
+#include "launcher/policy/agent_policy.h"
 
 #include <signal.h>
 

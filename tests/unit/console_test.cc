@@ -1,4 +1,4 @@
-#include "launcher/console.h"
+#include "launcher/workers/console.h"
 
 #include <fcntl.h>
 #include <signal.h>

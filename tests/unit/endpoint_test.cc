@@ -1,4 +1,4 @@
-#include "rendezvous/endpoint.h"
+#include "rendezvous/rpc/endpoint.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,12 +1,12 @@
 // The pure parts of ctrund on etcd: the lease as a replica's clock sees it,
 // the key layout, and the leader record.
-#include "rendezvous/etcd_replica.h"
+#include "rendezvous/etcd/etcd_replica.h"
 
 #include <catch2/catch.hpp>
 
-#include "rendezvous/etcd_client.h"
-#include "rendezvous/etcd_log.h"
-#include "rendezvous/leader_lease.h"
+#include "rendezvous/etcd/etcd_client.h"
+#include "rendezvous/etcd/etcd_log.h"
+#include "rendezvous/core/leader_lease.h"
 
 namespace ctrun {
 namespace {

@@ -1,6 +1,6 @@
 // torchrun's file timers: requests as FileTimerClient writes them, and
 // which process is killed with which signal.
-#include "launcher/file_timers.h"
+#include "launcher/policy/file_timers.h"
 
 #include <signal.h>
 

@@ -1,6 +1,6 @@
 // GpuWatch: the "only GPU 0 is busy" warning and each rank's GPU usage,
 // from GPU readings on a fake clock.
-#include "launcher/gpu_watch.h"
+#include "launcher/policy/gpu_watch.h"
 
 #include <catch2/catch.hpp>
 

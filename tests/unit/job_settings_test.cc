@@ -1,4 +1,4 @@
-#include "rendezvous/job_settings.h"
+#include "rendezvous/core/job_settings.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-#include "rendezvous/journal.h"
+#include "rendezvous/durable/journal.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/durable_state.h"
+#include "rendezvous/durable/durable_state.h"
 
 namespace ctrun {
 namespace {

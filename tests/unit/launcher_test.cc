@@ -11,16 +11,16 @@
 
 #include "absl/strings/match.h"
 #include "ctrun/environment.h"
-#include "launcher/command_line.h"
-#include "launcher/failure_report.h"
-#include "launcher/host_facts.h"
-#include "launcher/proc.h"
-#include "launcher/progress_board.h"
-#include "launcher/rendezvous_plan.h"
-#include "launcher/run_directory.h"
-#include "launcher/worker_command.h"
-#include "launcher/worker_env.h"
-#include "launcher/worker_output.h"
+#include "launcher/options/command_line.h"
+#include "launcher/policy/failure_report.h"
+#include "launcher/options/host_facts.h"
+#include "launcher/workers/proc.h"
+#include "launcher/workers/progress_board.h"
+#include "launcher/options/rendezvous_plan.h"
+#include "launcher/workers/run_directory.h"
+#include "launcher/options/worker_command.h"
+#include "launcher/options/worker_env.h"
+#include "launcher/workers/worker_output.h"
 
 namespace ctrun {
 namespace {
@@ -318,7 +318,7 @@ TEST_CASE("Flags without use in ctrun are accepted and explained",
             "--event_log_handler=console has no effect: torchelastic's event "
             "handlers are Python plugins; ctrun writes its events with "
             "--event_log FILE"});
-  // --numa-binding is implemented (launcher/numa_binding.h).
+  // --numa-binding is implemented (launcher/policy/numa_binding.h).
   CHECK(newer->options.numa_binding == NumaPolicy::kNode);
   // Their values are checked as torchrun checks them.
   CHECK(Parse({"--numa-binding=bogus", "t"}).status().message() ==

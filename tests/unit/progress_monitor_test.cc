@@ -1,5 +1,5 @@
 // ProgressMonitor: hang timeouts, learning and paces, on a fake clock.
-#include "launcher/progress_monitor.h"
+#include "launcher/policy/progress_monitor.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-#include "rendezvous/rendezvous_core.h"
+#include "rendezvous/core/rendezvous_core.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -7,7 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/journal.h"
+#include "rendezvous/durable/journal.h"
 
 namespace ctrun {
 namespace {

@@ -1,6 +1,6 @@
 // RepeatedWarning: a failure that repeats is said once, then once per
 // period with a count, on a fake clock.
-#include "rendezvous/repeated_warning.h"
+#include "rendezvous/core/repeated_warning.h"
 
 #include <catch2/catch.hpp>
 

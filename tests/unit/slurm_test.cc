@@ -1,12 +1,12 @@
 // Slurm: hostlists, and options resolved from recorded Slurm environments.
-#include "launcher/slurm.h"
+#include "launcher/options/slurm.h"
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
-#include "launcher/command_line.h"
-#include "launcher/rendezvous_plan.h"
+#include "launcher/options/command_line.h"
+#include "launcher/options/rendezvous_plan.h"
 
 namespace ctrun {
 namespace {

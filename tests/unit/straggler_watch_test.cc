@@ -1,5 +1,5 @@
 // StragglerWatch: which rank is named, when, and how often.
-#include "rendezvous/straggler_watch.h"
+#include "rendezvous/core/straggler_watch.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,0 +1,993 @@
+#include "launcher/policy/agent_policy.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "rendezvous/core/rendezvous_core.h"
+
+namespace ctrun {
+namespace {
+
+using agent_effect::AbandonWorkers;
+using agent_effect::CancelSession;
+using agent_effect::CollectWorkers;
+using agent_effect::Exit;
+using agent_effect::Print;
+using agent_effect::ProbeRendezvous;
+using agent_effect::Send;
+using agent_effect::SendRejoin;
+using agent_effect::SignalWorkers;
+using agent_effect::StartWorkers;
+using agent_effect::SuspendAgent;
+
+void Tell(std::string line, AgentEffects* effects) {
+  effects->push_back(agent_effect::Say{std::move(line)});
+}
+
+// A broken connection, as opposed to an answer of the service.
+bool IsTransportFailure(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsCancelled(status) ||
+         absl::IsUnknown(status) || absl::IsInternal(status);
+}
+
+// Whether a failed call means only that nothing listens there (yet): the
+// rendezvous may still come up, so the join goes on waiting. Anything else
+// (a failed TLS handshake, a peer that speaks something else) will not mend
+// itself.
+bool MayComeUp(const absl::Status& status) {
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) {
+    return true;  // it answered: the connection works
+  }
+  const absl::string_view m = status.message();
+  return absl::StrContains(m, "Connection refused") ||
+         absl::StrContains(m, "No route to host") ||
+         absl::StrContains(m, "Network is unreachable") ||
+         absl::StrContains(m, "DNS resolution failed") ||
+         absl::StrContains(m, "Deadline Exceeded") ||
+         absl::IsDeadlineExceeded(status);
+}
+
+}  // namespace
+
+std::string SignalName(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", signal);
+}
+
+AgentPolicy::AgentPolicy(AgentPolicyConfig config)
+    : config_(std::move(config)), monitor_(config_.options.hang_timeout) {}
+
+int AgentPolicy::live_workers() const {
+  return static_cast<int>(
+      std::count_if(workers_.begin(), workers_.end(),
+                    [](const Worker& w) { return w.alive; }));
+}
+
+// --- the session -------------------------------------------------------------
+
+v1::Event& AgentPolicy::Record(const char* what, AgentEffects* effects) const {
+  agent_effect::Record record;
+  record.event.set_event(what);
+  if (assignment_) {
+    record.event.set_job(assignment_->job_id());
+    record.event.set_round(static_cast<int32_t>(assignment_->round()));
+  }
+  effects->push_back(std::move(record));
+  return std::get<agent_effect::Record>(effects->back()).event;
+}
+
+void AgentPolicy::Start(absl::Time now, AgentEffects* effects) {
+  OpenSession(std::nullopt, now, effects);
+}
+
+void AgentPolicy::OpenSession(std::optional<int64_t> resume_round,
+                              absl::Time now, AgentEffects* effects) {
+  effects->push_back(agent_effect::OpenSession{resume_round});
+  next_heartbeat_ = now + config_.options.keep_alive_interval;
+  if (resume_round || link_ == Link::kRetrying) return;
+  // A fresh join that nobody answers fails after the join timeout; one
+  // that cannot connect at all is probed long before that.
+  link_ = Link::kConnecting;
+  owed_rejoin_.reset();
+  first_answer_deadline_ = now + config_.options.join_timeout;
+  probe_at_ = now + kProbeAfter;
+}
+
+void AgentPolicy::CloseLink(AgentEffects* effects) {
+  if (link_ != Link::kClosed) effects->push_back(CancelSession{});
+  link_ = Link::kClosed;
+  first_answer_deadline_ = probe_at_ = reconnect_deadline_ = reopen_at_ =
+      next_heartbeat_ = absl::InfiniteFuture();
+}
+
+void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
+                            AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  if (link_ == Link::kConnecting || link_ == Link::kRetrying) {
+    link_ = Link::kOpen;
+    first_answer_deadline_ = probe_at_ = reconnect_deadline_ =
+        absl::InfiniteFuture();
+    SendRejoinIfOwed(effects);
+  }
+  switch (m.kind_case()) {
+    case v1::ServerMessage::kAssignment:
+      return OnAssignment(m.assignment(), now, effects);
+    case v1::ServerMessage::kRestartRequired:
+      if (m.restart_required().collect_evidence()) {
+        StartEvidence(-1, now, effects);
+      }
+      return OnRestartRequired(m.restart_required(), now, effects);
+    case v1::ServerMessage::kJobFinished:
+      Record("job_finished", effects);
+      End(Ending::kJobFinished, now, effects);
+      return;
+    case v1::ServerMessage::kJobFailed:
+      Record("job_failed", effects).set_reason(m.job_failed().reason());
+      if (ending_ < Ending::kJobFailed) {
+        job_failure_ = m.job_failed().reason();
+        job_hung_ = m.job_failed().hung();
+      }
+      if (m.job_failed().hung()) StartEvidence(-1, now, effects);
+      End(Ending::kJobFailed, now, effects);
+      return;
+    case v1::ServerMessage::kLearned:
+      monitor_.MergeLearned(m.learned().longest());
+      return;
+    case v1::ServerMessage::kStraggler: {
+      const v1::Straggler& st = m.straggler();
+      Tell(absl::StrFormat(
+               "rank %d on node %s is %.1fx slower than the median %s "
+               "(%.3gs against %.3gs, %d steps); not restarting for it",
+               st.rank(), st.node(), st.ratio(),
+               st.sections() ? "time in sections" : "step",
+               static_cast<double>(st.mean_step_us()) / 1e6,
+               static_cast<double>(st.median_step_us()) / 1e6, st.steps()),
+           effects);
+      return;
+    }
+    case v1::ServerMessage::kProgress:
+      return OnProgress(m.progress(), now, effects);
+    case v1::ServerMessage::kResumed:
+      return OnResumed(m.resumed(), effects);
+    case v1::ServerMessage::KIND_NOT_SET:
+      return;
+  }
+}
+
+void AgentPolicy::OnSessionEnd(const absl::Status& status, absl::Time now,
+                               AgentEffects* effects) {
+  if (phase_ == Phase::kDone || link_ == Link::kClosed) return;
+  next_heartbeat_ = absl::InfiniteFuture();
+  if (ending_ != Ending::kNone) {  // stopping for good: nothing to resume
+    link_ = Link::kClosed;
+    reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
+    return;
+  }
+  const std::string& endpoint = config_.endpoint;
+  if (link_ == Link::kResuming && absl::IsNotFound(status)) {
+    // The service came back without this node (it died while a round
+    // collected, or lost its state): stop, then join afresh.
+    Tell(absl::StrCat("the rendezvous at ", endpoint, " is back but ",
+                      status.message(), "; stopping the workers"),
+         effects);
+    link_ = Link::kClosed;
+    reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
+    next_ = Next::kJoinAfresh;
+    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+    return;
+  }
+  // A service that keeps its state takes the node back with its workers
+  // running; a node still joining just joins again. Before the first
+  // assignment nobody knows whether the service keeps state, and nothing
+  // runs that a retry could lose.
+  const bool keeps_state = !assignment_ || assignment_->resumable();
+  if (IsTransportFailure(status) && keeps_state) {
+    Reconnect(phase_ == Phase::kJoining ? Link::kRetrying : Link::kResuming,
+              status, now, effects);
+    return;
+  }
+  if (IsTransportFailure(status)) {  // a running job's stateless service
+    Tell(absl::StrCat("the rendezvous at ", endpoint, " went away (",
+                      status.ToString(),
+                      ") and keeps no state to resume from; stopping the "
+                      "workers (a ctrund with --state-dir keeps them running "
+                      "across its restarts)"),
+         effects);
+  } else {
+    Tell(absl::StrCat("the rendezvous at ", endpoint,
+                      " refused this node: ", status.message(), " (",
+                      absl::StatusCodeToString(status.code()), ")"),
+         effects);
+  }
+  link_ = Link::kClosed;
+  reconnect_deadline_ = reopen_at_ = absl::InfiniteFuture();
+  End(Ending::kLost, now, effects);
+}
+
+void AgentPolicy::Reconnect(Link link, const absl::Status& why, absl::Time now,
+                            AgentEffects* effects) {
+  if (reconnect_deadline_ == absl::InfiniteFuture()) {
+    // A retry keeps the first attempt's deadline.
+    reconnect_deadline_ = now + config_.options.reconnect_timeout;
+    const std::string what =
+        link == Link::kRetrying ? "joining again"
+        : phase_ == Phase::kRunning
+            ? "the workers keep running while ctrun reconnects"
+            : "reconnecting";
+    Tell(absl::StrCat("lost the rendezvous at ", config_.endpoint, " (",
+                      why.ToString(), "); ", what, " (up to ",
+                      absl::FormatDuration(config_.options.reconnect_timeout),
+                      ")"),
+         effects);
+  }
+  link_ = link;
+  first_answer_deadline_ = probe_at_ = absl::InfiniteFuture();
+  reopen_at_ = now + kReopenDelay;
+  if (link == Link::kResuming) {
+    reopen_round_ = assignment_->round();
+  } else {
+    reopen_round_.reset();
+  }
+}
+
+void AgentPolicy::OnResumed(const v1::Resumed& resumed, AgentEffects* effects) {
+  if (link_ != Link::kResuming) return;
+  link_ = Link::kOpen;
+  reconnect_deadline_ = absl::InfiniteFuture();
+  Tell(
+      absl::StrCat("resumed with the rendezvous at ", config_.endpoint,
+                   " in round ", resumed.round(), "; the workers kept running"),
+      effects);
+  if (owed_rejoin_) return SendRejoinIfOwed(effects);
+  // A report sent while the service was away may be lost: say it again.
+  Report(effects);
+}
+
+void AgentPolicy::OnProbeResult(const absl::Status& status, absl::Time now,
+                                AgentEffects* effects) {
+  if (link_ != Link::kConnecting || MayComeUp(status)) return;
+  Tell(absl::StrCat("cannot talk to the rendezvous at ", config_.endpoint, ": ",
+                    status.message(),
+                    "; is it a ctrun rendezvous (a ctrund or a ctrun agent: "
+                    "a job cannot mix torchrun and ctrun nodes), and is TLS "
+                    "set up alike on both sides (--rdzv_conf tls_ca here for "
+                    "a rendezvous served with TLS, none for one without)?"),
+       effects);
+  CloseLink(effects);
+  End(Ending::kLost, now, effects);
+}
+
+void AgentPolicy::OnProgress(const v1::Progress& p, absl::Time now,
+                             AgentEffects* effects) {
+  // Heard while the workers still stop (for the round they will rejoin):
+  // shown later, it would be stale.
+  if (phase_ != Phase::kJoining) return;
+  const bool changed = !progress_ || progress_->joined() != p.joined() ||
+                       progress_->pending_count() != p.pending_count() ||
+                       progress_->round() != p.round();
+  progress_ = p;
+  progress_at_ = now;
+  // Quiet when the round closes quickly; then a line on each change (at
+  // most every few seconds) and every half minute while nothing changes.
+  if (progress_due_ == absl::InfiniteFuture()) {
+    progress_due_ = now + kProgressQuietFor;
+  } else if (changed && now >= progress_printed_ + kProgressEvery &&
+             progress_printed_ != absl::InfinitePast()) {
+    PrintProgress(now, effects);
+  }
+}
+
+void AgentPolicy::PrintProgress(absl::Time now, AgentEffects* effects) {
+  const v1::Progress& p = *progress_;
+  progress_printed_ = now;
+  progress_due_ = now + kProgressRepeat;
+  // The service's countdowns, as of now.
+  auto left = [&](int64_t ms) {
+    return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(std::max(
+        absl::ZeroDuration(), absl::Milliseconds(ms) - (now - progress_at_)))));
+  };
+  const std::string& at = config_.endpoint;
+  std::string line;
+  if (p.waiting_for_slot()) {
+    line = absl::StrCat("the job at ", at, " runs with its ", p.max_nodes(),
+                        " nodes; waiting as a spare for a free slot");
+  } else if (p.joined() < p.min_nodes()) {
+    const int32_t more = p.min_nodes() - p.joined();
+    line = absl::StrCat("waiting for ", more,
+                        more == 1 ? " more node" : " more nodes", " at ", at,
+                        " (", p.joined(), "/", p.min_nodes(), " joined");
+  } else {
+    line = absl::StrCat("waiting for more nodes at ", at,
+                        " until the last call ends (", p.joined(),
+                        " joined, up to ", p.max_nodes());
+  }
+  if (!p.waiting_for_slot()) {
+    if (p.round() > 0) absl::StrAppend(&line, "; round ", p.round());
+    if (p.missing_node_ranks_size() > 0) {
+      absl::StrAppend(&line, "; missing node ranks [",
+                      absl::StrJoin(p.missing_node_ranks(), ","), "]");
+    }
+    if (p.pending_count() > 0) {
+      absl::StrAppend(&line,
+                      "; not back yet: ", absl::StrJoin(p.pending(), ", "));
+    }
+    if (p.last_call_remaining_ms() >= 0) {
+      absl::StrAppend(&line, "; closing in ", left(p.last_call_remaining_ms()));
+    }
+    absl::StrAppend(&line, "; join timeout in ",
+                    left(p.join_timeout_remaining_ms()), ")");
+  }
+  if (p.other_waiting_jobs_size() > 0) {
+    std::vector<std::string> others;
+    for (const auto& o : p.other_waiting_jobs()) {
+      others.push_back(absl::StrCat("'", o.job_id(), "' (", o.joined(), "/",
+                                    o.min_nodes(), " joined)"));
+    }
+    absl::StrAppend(&line, "; also waiting there: job ",
+                    absl::StrJoin(others, ", job "),
+                    " (is --rdzv_id the same on every node?)");
+  }
+  Tell(line, effects);
+}
+
+void AgentPolicy::Report(AgentEffects* effects) const {
+  if (link_ != Link::kOpen || !assignment_) return;
+  v1::AgentMessage m;
+  auto* r = m.mutable_worker_report();
+  r->set_round(assignment_->round());
+  r->set_state(report_);
+  if (report_ == v1::WorkerReport::FAILED && !failures_.empty()) {
+    const WorkerFailureRecord& failure = failures_.front();
+    auto* f = r->mutable_failure();
+    f->set_global_rank(failure.rank);
+    f->set_local_rank(failure.local_rank);
+    f->set_exit_code(failure.ExitCode());
+    f->set_signal(failure.signal);
+    f->set_hung(failure.hung);
+    if (!failure.cause.empty()) {
+      f->set_message(failure.cause);
+    } else if (failure.signal != 0) {
+      f->set_message(SignalName(failure.signal));
+    }
+  }
+  effects->push_back(Send{std::move(m)});
+}
+
+void AgentPolicy::SendRejoinIfOwed(AgentEffects* effects) {
+  if (!owed_rejoin_ || link_ != Link::kOpen) return;
+  effects->push_back(SendRejoin{*owed_rejoin_});
+  owed_rejoin_.reset();
+}
+
+// --- the round's course
+// -------------------------------------------------------
+
+void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
+                               AgentEffects* effects) {
+  if (phase_ != Phase::kJoining) return;
+  (void)now;
+  const auto& o = config_.options;
+  assignment_ = a;
+  ++assignments_;
+  phase_ = Phase::kRunning;
+  report_ = v1::WorkerReport::RUNNING;
+  failures_.clear();
+  progress_.reset();
+  progress_due_ = absl::InfiniteFuture();
+  progress_printed_ = absl::InfinitePast();
+  workers_.assign(static_cast<size_t>(o.local_world_size), Worker{});
+  for (int lr = 0; lr < o.local_world_size; ++lr) {
+    workers_[static_cast<size_t>(lr)].local_rank = lr;
+    workers_[static_cast<size_t>(lr)].rank =
+        static_cast<int>(a.first_global_rank()) + lr;
+  }
+  if (!omp_notice_given_ && o.local_world_size > 1 &&
+      !config_.omp_threads_set) {
+    Tell(absl::StrCat("OMP_NUM_THREADS is unset; setting it to 1 for each of "
+                      "the ",
+                      o.local_world_size,
+                      " workers so that they do not overload the node"),
+         effects);
+    omp_notice_given_ = true;
+  }
+  monitor_.MergeLearned(a.longest());
+  if (o.hang_timeout.mode == HangTimeout::Mode::kAuto) {
+    if (auto longest = monitor_.Longest("")) {
+      Tell(absl::StrCat(
+               "hang timeout ", absl::FormatDuration(monitor_.TimeoutIn("")),
+               " after each worker's warm-up: ", ProgressMonitor::kAutoFactor,
+               " x the longest silence this job has shown (",
+               absl::FormatDuration(*longest), ")"),
+           effects);
+    }
+  }
+  {
+    v1::Event& e = Record("assigned", effects);
+    e.set_group_rank(a.group_rank());
+    e.set_nodes(a.group_world_size());
+    e.set_world_size(a.world_size());
+    e.set_master(absl::StrCat(a.master_addr(), ":", a.master_port()));
+    e.set_restart_count(a.restart_count());
+    e.set_max_restarts(a.max_restarts());
+  }
+  if (!a.restart_refunded().empty()) {
+    refunds_.push_back(a.restart_refunded());
+    Tell(absl::StrCat(a.restart_refunded(), " (restarts used ",
+                      a.restart_count(), "/", a.max_restarts(), ")"),
+         effects);
+  }
+  effects->push_back(StartWorkers{a});
+}
+
+void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
+                                   absl::Time now, AgentEffects* effects) {
+  if (phase_ != Phase::kRunning) return;
+  for (const WorkerStart& s : started) {
+    if (s.local_rank < 0 || s.local_rank >= static_cast<int>(workers_.size())) {
+      continue;
+    }
+    Worker& w = workers_[static_cast<size_t>(s.local_rank)];
+    w.error_file = s.error_file;
+    v1::Event& e =
+        Record(s.pid > 0 ? "worker_started" : "worker_start_failed", effects);
+    e.set_rank(w.rank);
+    e.set_local_rank(w.local_rank);
+    if (s.pid > 0) {
+      w.pid = s.pid;
+      w.alive = true;
+      w.started = now;
+      e.set_pid(s.pid);
+      continue;
+    }
+    e.set_detail(s.error);
+    Tell(s.error, effects);
+    OnWorkerFailure(
+        WorkerFailureRecord{s.wall_time, config_.hostname, w.rank, w.local_rank,
+                            127, 0, 0, w.error_file, "", false},
+        now, effects);
+    return;
+  }
+  std::vector<int> ranks;
+  for (const Worker& w : workers_) ranks.push_back(w.rank);
+  monitor_.Start(std::move(ranks), now);
+  timers_.Clear();
+  timer_kills_.clear();
+  Report(effects);
+}
+
+void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
+                               AgentEffects* effects) {
+  auto it = std::find_if(
+      workers_.begin(), workers_.end(),
+      [&](const Worker& w) { return w.local_rank == e.local_rank; });
+  if (it == workers_.end() || !it->alive) return;
+  it->alive = false;
+  monitor_.Exited(e.local_rank);
+  {
+    v1::Event& r = Record("worker_exited", effects);
+    r.set_rank(it->rank);
+    r.set_local_rank(it->local_rank);
+    r.set_pid(it->pid);
+    r.set_exit_code(e.signal != 0 ? 128 + e.signal : e.exit_code);
+    if (e.signal != 0) r.set_signal(e.signal);
+    r.set_duration_s(absl::ToDoubleSeconds(now - it->started));
+  }
+  std::string timer_cause;
+  if (!it->timer_scope.empty() && e.signal == it->timer_signal) {
+    timer_cause =
+        absl::StrCat("torchrun file timer '", it->timer_scope,
+                     "' expired; ctrun killed it with ", SignalName(e.signal));
+  }
+  if (phase_ == Phase::kStopping || phase_ == Phase::kCollecting) {
+    // Expected when stopping: it was asked to.
+    // Stopping for a local failure, a worker that failed on its own (not
+    // of the stop: SIGTERM, SIGKILL, a shell's 128+N for them) is listed
+    // too, as torchrun lists every failed rank.
+    const int code = e.signal != 0 ? 128 + e.signal : e.exit_code;
+    if (!failures_.empty() && code != 0 && code != 128 + SIGTERM &&
+        code != 128 + SIGKILL && timer_cause.empty()) {
+      failures_.push_back(WorkerFailureRecord{
+          e.wall_time, config_.hostname, it->rank, it->local_rank, e.exit_code,
+          e.signal, it->pid, it->error_file, timer_cause, false});
+    }
+    if (live_workers() > 0) return;
+    if (phase_ == Phase::kCollecting) return EndEvidence(now, effects);
+    return OnStopped(now, effects);
+  }
+  if (phase_ != Phase::kRunning) return;
+  if (e.signal == 0 && e.exit_code == 0) {
+    if (live_workers() == 0) {
+      monitor_.Stop();
+      report_ = v1::WorkerReport::SUCCEEDED;
+      phase_ = Phase::kWaiting;
+      Report(effects);
+    }
+    return;
+  }
+  std::string how =
+      e.stopped_on_terminal
+          ? absl::StrCat("stopped on ", SignalName(e.signal),
+                         " trying to use the terminal, which only local rank "
+                         "0 of a job in the terminal's foreground can read "
+                         "(give the others input another way); ended it")
+      : !timer_cause.empty()
+          ? absl::StrCat("was killed by ", SignalName(e.signal),
+                         ": its torchrun file timer '", it->timer_scope,
+                         "' expired")
+      : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
+                 : absl::StrCat("exited with code ", e.exit_code);
+  Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
+                    ", pid ", it->pid, ") ", how, "; stopping the others"),
+       effects);
+  OnWorkerFailure(
+      WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
+                          it->local_rank, e.exit_code, e.signal, it->pid,
+                          it->error_file, timer_cause, false},
+      now, effects);
+}
+
+// --- hangs, evidence, file timers -------------------------------------------
+
+void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
+                                 absl::Time now, absl::Time wall_now,
+                                 AgentEffects* effects) {
+  if (phase_ != Phase::kRunning) return;
+  wall_offset_ = wall_now - now;
+  const std::vector<SilentWorker> silent = monitor_.Observe(samples, now);
+  if (const std::vector<int> ranks = monitor_.TakeUnsignalled();
+      !ranks.empty()) {
+    Tell(absl::StrCat(
+             "no worker of this job has sent a progress signal within its "
+             "warm-up (",
+             absl::FormatDuration(config_.options.hang_timeout.warmup),
+             ", --hang_warmup): hang detection needs ctrun.heartbeat(), "
+             "ctrun.section() or torchrun's file timers, and is off for rank ",
+             absl::StrJoin(ranks, ", rank "),
+             " until a worker of the job sends one"),
+         effects);
+  }
+  if (!silent.empty()) OnHang(silent, now, wall_now, effects);
+}
+
+void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
+                         absl::Time now, absl::Time wall_now,
+                         AgentEffects* effects) {
+  const SilentWorker& first = silent.front();
+  const Worker& w = workers_[static_cast<size_t>(first.local_rank)];
+  auto seconds = [](absl::Duration d) {
+    return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(10)));
+  };
+  const std::string in =
+      first.section.empty() ? ""
+                            : absl::StrCat(" in section '", first.section, "'");
+  const std::string timeout =
+      absl::StrCat("hang timeout ", seconds(first.timeout),
+                   config_.options.hang_timeout.mode == HangTimeout::Mode::kAuto
+                       ? ", learned"
+                       : "");
+  const std::string since = absl::FormatTime(
+      "%H:%M:%E2S", wall_now - (now - first.since), absl::LocalTimeZone());
+  const std::string cause =
+      first.ever ? absl::StrCat("no progress for ", seconds(now - first.since),
+                                " (since ", since, ")", in, " after ",
+                                first.beats, " heartbeats (", timeout, ")")
+                 : absl::StrCat(
+                       "no progress signal in the ", seconds(now - first.since),
+                       " since it started (allowed ", seconds(first.timeout),
+                       " to start: --hang_warmup or the hang "
+                       "timeout, the longer; other ranks of the job "
+                       "do signal)");
+  {
+    v1::Event& e = Record("worker_hung", effects);
+    e.set_rank(w.rank);
+    e.set_local_rank(w.local_rank);
+    e.set_pid(w.pid);
+    e.set_detail(cause);
+  }
+  Tell(absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
+                    w.pid, ") is hung: ", cause,
+                    "; collecting evidence from every worker of the job "
+                    "before stopping them"),
+       effects);
+  if (silent.size() > 1) {
+    std::vector<std::string> others;
+    for (size_t i = 1; i < silent.size(); ++i) {
+      const SilentWorker& o = silent[i];
+      others.push_back(absl::StrCat(
+          workers_[static_cast<size_t>(o.local_rank)].rank, " (",
+          seconds(now - o.since),
+          o.section.empty() ? "" : absl::StrCat(" in '", o.section, "'"), ")"));
+    }
+    Tell(absl::StrCat("also silent past their timeout here: rank ",
+                      absl::StrJoin(others, ", rank "), "; rank ", w.rank,
+                      " stopped first"),
+         effects);
+  }
+  failures_.push_back(WorkerFailureRecord{wall_now, config_.hostname, w.rank,
+                                          w.local_rank, 0, 0, w.pid,
+                                          w.error_file, cause,
+                                          /*hung=*/true});
+  report_ = v1::WorkerReport::FAILED;
+  Report(effects);
+  StartEvidence(first.local_rank, now, effects);
+  // Without evidence to collect, the workers stop at once.
+  if (phase_ == Phase::kRunning) {
+    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+  }
+}
+
+void AgentPolicy::OnTimerExpired(Worker& w, const FileTimers::Expired& x,
+                                 absl::Time now, AgentEffects* effects) {
+  w.timer_scope = x.scope;
+  w.timer_signal = x.signal;
+  const std::string cause =
+      absl::StrCat("torchrun file timer '", x.scope,
+                   "' expired; ctrun killed it with ", SignalName(x.signal));
+  {
+    v1::Event& e = Record("worker_hung", effects);
+    e.set_rank(w.rank);
+    e.set_local_rank(w.local_rank);
+    e.set_pid(w.pid);
+    e.set_detail(cause);
+  }
+  failures_.push_back(WorkerFailureRecord{now + wall_offset_, config_.hostname,
+                                          w.rank, w.local_rank, 0, x.signal,
+                                          w.pid, w.error_file, cause, false});
+  report_ = v1::WorkerReport::FAILED;
+  Report(effects);
+  timer_kills_.push_back(agent_effect::KillTimedOut{x.pid, x.signal, x.scope});
+  StartEvidence(w.local_rank, now, effects);
+  const bool collecting = phase_ == Phase::kCollecting;
+  Tell(absl::StrCat("torchrun file timer '", x.scope, "' of worker rank ",
+                    w.rank, " (pid ", w.pid, ") expired; ",
+                    collecting ? "collecting evidence from this node's "
+                                 "workers, then killing it with "
+                               : "killing it with ",
+                    SignalName(x.signal), " and stopping the others"),
+       effects);
+  if (!collecting) StopAfterEvidence(now, effects);
+}
+
+void AgentPolicy::StartEvidence(int focus, absl::Time now,
+                                AgentEffects* effects) {
+  if (phase_ != Phase::kRunning || live_workers() == 0 ||
+      config_.options.hang_evidence_timeout <= absl::ZeroDuration()) {
+    return;
+  }
+  phase_ = Phase::kCollecting;
+  monitor_.Stop();
+  evidence_deadline_ = now + config_.options.hang_evidence_timeout;
+  effects->push_back(agent_effect::CollectEvidence{
+      absl::StrCat("hang_round_", round()), focus, evidence_deadline_});
+}
+
+void AgentPolicy::OnEvidenceCollected(absl::Time now, AgentEffects* effects) {
+  EndEvidence(now, effects);
+}
+
+void AgentPolicy::EndEvidence(absl::Time now, AgentEffects* effects) {
+  if (phase_ != Phase::kCollecting) return;
+  LeaveCollecting(effects);
+  StopAfterEvidence(now, effects);
+}
+
+void AgentPolicy::StopAfterEvidence(absl::Time now, AgentEffects* effects) {
+  // Expired file timers get the signal they asked for, first.
+  for (auto& kill : std::exchange(timer_kills_, {})) {
+    effects->push_back(std::move(kill));
+  }
+  // Evidence is collected only on the way to stopping (a hang here, or a
+  // restart or failure for one elsewhere): stop now.
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::LeaveCollecting(AgentEffects* effects) {
+  evidence_deadline_ = absl::InfiniteFuture();
+  effects->push_back(agent_effect::EndEvidence{});
+  phase_ = Phase::kRunning;
+}
+
+void AgentPolicy::OnTimerRequest(absl::string_view line, absl::Time now,
+                                 absl::Time wall_now, AgentEffects* effects) {
+  wall_offset_ = wall_now - now;
+  auto request = ParseFileTimerRequest(line);
+  absl::Status status =
+      request.ok() ? timers_.Apply(*request, now, wall_now) : request.status();
+  if (!status.ok() && malformed_timer_requests_++ == 0) {
+    Tell(absl::StrCat(
+             "ignoring a request on the file-timer FIFO: ", status.message(),
+             " (further ones are ignored without a word)"),
+         effects);
+  }
+}
+
+void AgentPolicy::OnWorkerFailure(const WorkerFailureRecord& failure,
+                                  absl::Time now, AgentEffects* effects) {
+  failures_.push_back(failure);
+  report_ = v1::WorkerReport::FAILED;
+  Report(effects);
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
+                                    absl::Time now, AgentEffects* effects) {
+  // Stopping for good: the other nodes restart without this one.
+  if (ending_ != Ending::kNone || phase_ == Phase::kDone) return;
+  {
+    v1::Event& e = Record("restart_required", effects);
+    e.set_round(static_cast<int32_t>(r.round()));
+    e.set_reason(RestartReasonName(r.reason()));
+    e.set_detail(r.detail());
+    e.set_restart_count(r.restart_count());
+  }
+  Tell(absl::StrCat("restarting the workers (round ", r.round(),
+                    ", restarts used ", r.restart_count(), "/",
+                    config_.options.max_restarts, "): ", r.detail()),
+       effects);
+  // A join afresh (the service lost this node) supersedes any rejoin; a
+  // later restart request supersedes an earlier one.
+  if (next_ != Next::kJoinAfresh) {
+    next_ = Next::kRejoin;
+    rejoin_round_ = r.round();
+  }
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
+                           AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  // Under Slurm, slurmstepd signals every process of the step: forwarding
+  // would deliver it to the workers twice.
+  const bool delivered = config_.options.parent_signals_workers && from_parent;
+  if (signal == SIGUSR1 || signal == SIGUSR2) {
+    if (!delivered && live_workers() > 0) {
+      effects->push_back(SignalWorkers{signal});
+    }
+    return;
+  }
+  if (signal == SIGTSTP) {
+    Suspend(delivered, now, effects);
+    return;
+  }
+  // A signal does not wait for the evidence.
+  if (phase_ == Phase::kCollecting) LeaveCollecting(effects);
+  if (ending_ == Ending::kSignal) {
+    Tell(absl::StrCat(SignalName(signal), " again: killing the workers now"),
+         effects);
+    if (live_workers() > 0) effects->push_back(SignalWorkers{SIGKILL});
+    return;
+  }
+  exit_signal_ = signal;
+  ending_ = Ending::kSignal;
+  const int live = live_workers();
+  Tell(live == 0
+           ? absl::StrCat("received ", SignalName(signal),
+                          "; leaving the rendezvous")
+           : absl::StrCat(
+                 "received ", SignalName(signal), "; stopping ", live,
+                 live == 1 ? " worker" : " workers", " (SIGKILL after ",
+                 absl::FormatDuration(config_.options.shutdown_timeout), ")"),
+       effects);
+  StopWorkers(signal, /*send=*/!delivered, now, effects);
+}
+
+void AgentPolicy::OnTerminalStop(absl::Time now, AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  Suspend(/*workers_told=*/false, now, effects);
+}
+
+void AgentPolicy::Suspend(bool workers_told, absl::Time now,
+                          AgentEffects* effects) {
+  const bool workers = live_workers() > 0;
+  if (workers && !workers_told) effects->push_back(SignalWorkers{SIGTSTP});
+  effects->push_back(SuspendAgent{});
+  if (workers) effects->push_back(SignalWorkers{SIGCONT});
+  // The rendezvous heard nothing while the agent was stopped.
+  if (next_heartbeat_ != absl::InfiniteFuture()) next_heartbeat_ = now;
+}
+
+void AgentPolicy::End(Ending ending, absl::Time now, AgentEffects* effects) {
+  ending_ = std::max(ending_, ending);
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::StopWorkers(int signal, bool send, absl::Time now,
+                              AgentEffects* effects) {
+  // Workers asked to stop are not asked again (a node lost while a signal
+  // stops them, say): a second signal can cut short the handler that saves
+  // their state. The SIGKILL deadline stands.
+  // While evidence is collected the stop waits for it (EndEvidence).
+  if (phase_ == Phase::kStopping || phase_ == Phase::kDone ||
+      phase_ == Phase::kCollecting) {
+    return;
+  }
+  phase_ = Phase::kStopping;
+  monitor_.Stop();
+  if (live_workers() == 0) return OnStopped(now, effects);
+  if (send) effects->push_back(SignalWorkers{signal});
+  kill_deadline_ = now + config_.options.shutdown_timeout;
+}
+
+void AgentPolicy::OnStopped(absl::Time now, AgentEffects* effects) {
+  kill_deadline_ = give_up_deadline_ = absl::InfiniteFuture();
+  effects->push_back(CollectWorkers{});
+  if (ending_ != Ending::kNone) {
+    phase_ = Phase::kDone;
+    const int code = ExitCode(effects);
+    CloseLink(effects);
+    Record("agent_exited", effects).set_exit_code(code);
+    effects->push_back(Exit{code});
+    return;
+  }
+  const Next next = std::exchange(next_, Next::kWait);
+  switch (next) {
+    case Next::kJoinAfresh:
+      phase_ = Phase::kJoining;
+      assignment_.reset();  // that round's service is gone
+      workers_.clear();
+      OpenSession(std::nullopt, now, effects);
+      return;
+    case Next::kRejoin:
+      phase_ = Phase::kJoining;
+      owed_rejoin_ = rejoin_round_;
+      SendRejoinIfOwed(effects);
+      return;
+    case Next::kWait:
+      phase_ = Phase::kWaiting;
+      return;
+  }
+}
+
+int AgentPolicy::ExitCode(AgentEffects* effects) const {
+  // A run that spent fewer restarts than it failed says why.
+  for (const std::string& refund : refunds_) Tell(refund, effects);
+  switch (ending_) {
+    case Ending::kSignal:
+      return 128 + exit_signal_;
+    case Ending::kJobFailed:
+      if (!failures_.empty()) {
+        effects->push_back(
+            Print{FormatFailureSummary(config_.options.entrypoint, failures_)});
+        return failures_.front().ExitCode();
+      }
+      Tell(absl::StrCat("job failed: ", job_failure_), effects);
+      return job_hung_ ? kHangExitCode : 1;
+    case Ending::kJobFinished:
+      if (assignments_ == 0) {
+        Tell(
+            "the job finished without this node: it waited for a free slot "
+            "and was never admitted",
+            effects);
+      }
+      return 0;
+    case Ending::kLost:
+    case Ending::kNone:
+      return 1;
+  }
+  return 1;
+}
+
+// --- time
+// ----------------------------------------------------------------------
+
+void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
+  if (phase_ == Phase::kDone) return;
+  if (now >= first_answer_deadline_) {
+    Tell(absl::StrCat("no answer from the rendezvous at ", config_.endpoint,
+                      " within the join timeout of ",
+                      absl::FormatDuration(config_.options.join_timeout),
+                      "; is it up, and is this the right endpoint?"),
+         effects);
+    CloseLink(effects);
+    End(Ending::kLost, now, effects);
+    return;
+  }
+  if (now >= probe_at_) {
+    probe_at_ = now + kProbeEvery;
+    effects->push_back(ProbeRendezvous{});
+  }
+  if (now >= reconnect_deadline_) {
+    Tell(absl::StrCat("could not reconnect to the rendezvous at ",
+                      config_.endpoint, " within ",
+                      absl::FormatDuration(config_.options.reconnect_timeout),
+                      " (--rdzv_conf reconnect_timeout); stopping the workers"),
+         effects);
+    CloseLink(effects);
+    End(Ending::kLost, now, effects);
+    if (phase_ == Phase::kDone) return;
+  }
+  if (now >= ProgressDue()) PrintProgress(now, effects);
+  if (now >= evidence_deadline_) EndEvidence(now, effects);
+  if (phase_ == Phase::kRunning && now >= monitor_.NextPoll()) {
+    monitor_.Polled(now);
+    effects->push_back(agent_effect::ReadProgress{});
+  }
+  if (now >= monitor_.NextReport()) {
+    if (link_ != Link::kOpen) {
+      monitor_.DelayReport(now);  // kept for when the rendezvous is back
+    } else if (auto report = monitor_.TakeReport(round(), now)) {
+      v1::AgentMessage m;
+      *m.mutable_progress_report() = *std::move(report);
+      effects->push_back(Send{std::move(m)});
+    }
+  }
+  for (FileTimers::Expired& x : timers_.TakeExpired(now)) {
+    if (phase_ != Phase::kRunning) continue;
+    // A stop signal would leave the job waiting for ever on a worker that
+    // ctrun itself stopped.
+    if (x.signal == SIGSTOP || x.signal == SIGTSTP || x.signal == SIGTTIN ||
+        x.signal == SIGTTOU) {
+      Tell(absl::StrCat("torchrun file timer '", x.scope, "' of pid ", x.pid,
+                        " asks for ", SignalName(x.signal),
+                        ", which would stop it, not end it: SIGKILL instead"),
+           effects);
+      x.signal = SIGKILL;
+    }
+    auto w = std::find_if(
+        workers_.begin(), workers_.end(),
+        [&](const Worker& w) { return w.alive && w.pid == x.pid; });
+    if (w != workers_.end()) {
+      OnTimerExpired(*w, x, now, effects);
+    } else {
+      // Maybe a process in a worker's group: the edge checks, and says.
+      effects->push_back(agent_effect::KillTimedOut{x.pid, x.signal, x.scope});
+    }
+  }
+  if (now >= reopen_at_) {
+    reopen_at_ = absl::InfiniteFuture();
+    OpenSession(reopen_round_, now, effects);
+  }
+  if (now >= next_heartbeat_) {
+    v1::AgentMessage m;
+    m.mutable_heartbeat();
+    effects->push_back(Send{std::move(m)});
+    next_heartbeat_ = now + config_.options.keep_alive_interval;
+  }
+  if (now >= kill_deadline_) {
+    kill_deadline_ = absl::InfiniteFuture();
+    for (const Worker& w : workers_) {
+      if (!w.alive) continue;
+      Tell(absl::StrCat("worker rank ", w.rank, " (pid ", w.pid,
+                        ") still running after ",
+                        absl::FormatDuration(config_.options.shutdown_timeout),
+                        "; sending SIGKILL"),
+           effects);
+    }
+    effects->push_back(SignalWorkers{SIGKILL});
+    give_up_deadline_ = now + kGiveUpAfterKill;
+  }
+  if (now >= give_up_deadline_) {
+    give_up_deadline_ = absl::InfiniteFuture();
+    for (Worker& w : workers_) {
+      if (!w.alive) continue;
+      Tell(absl::StrCat("worker rank ", w.rank, " (pid ", w.pid,
+                        ") did not exit after SIGKILL (stuck in the kernel?); "
+                        "leaving it behind"),
+           effects);
+      w.alive = false;
+    }
+    effects->push_back(AbandonWorkers{});
+    OnStopped(now, effects);
+  }
+}
+
+absl::Time AgentPolicy::NextDeadline() const {
+  if (phase_ == Phase::kDone) return absl::InfiniteFuture();
+  const absl::Time running =
+      phase_ == Phase::kRunning
+          ? std::min(monitor_.NextPoll(), timers_.NextExpiry())
+          : absl::InfiniteFuture();
+  return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
+                   reopen_at_, next_heartbeat_, kill_deadline_,
+                   give_up_deadline_, ProgressDue(), evidence_deadline_,
+                   monitor_.NextReport(), running});
+}
+
+}  // namespace ctrun

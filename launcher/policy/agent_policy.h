@@ -1,0 +1,426 @@
+// AgentPolicy: what one node's agent decides, as a pure state machine.
+//
+// Inputs are the rendezvous session's messages and its end, the workers'
+// start and exits, signals, and the passage of time (Tick); each appends the
+// agent's decisions to `AgentEffects`, in the order they are to be carried
+// out. The policy does no I/O, owns no thread and reads no clock: every
+// input carries `now`, a monotonic time. The agent's loop (agent.h) applies
+// the effects; tests read them directly.
+//
+// Not thread-safe: the owner serialises all calls.
+//
+// Two things describe a node at any moment:
+// - its phase, what it does with its workers:
+//     kJoining   no workers; waits in a round for an assignment
+//     kRunning   workers run (some may have exited 0 already)
+//     kCollecting  a worker of the job hung: evidence (stacks, last output)
+//                is collected from the live workers, for at most
+//                --hang_evidence_timeout, before they are stopped
+//     kStopping  workers were asked to stop; what follows is decided
+//     kWaiting   no live workers, this round's outcome reported; waits for
+//                the rendezvous to say what is next (restart, job end)
+//     kDone      the exit code is decided; nothing more happens
+// - its link, how it stands with the rendezvous:
+//     kConnecting  a fresh join was sent, no answer yet (join timeout)
+//     kOpen        the rendezvous answered on this session
+//     kResuming    the session broke while the node held an assignment of a
+//                  service that keeps state: its workers keep running while
+//                  it resumes with its incarnation (reconnect timeout)
+//     kRetrying    the session broke while joining: it joins again
+//                  (reconnect timeout)
+//     kClosed      no session: the node exits once its workers stop, or
+//                  joins afresh (a rendezvous that came back without it)
+//
+// The transitions, row by row, are in agent_policy.cc; the rules:
+// - An assignment starts the workers. A worker failure stops the others and
+//   is reported; all workers succeeding is reported; the rendezvous then
+//   decides (RestartRequired, JobFinished, JobFailed).
+// - A restart stops the workers (SIGTERM, SIGKILL after the shutdown
+//   timeout, abandoned 10 s later) and rejoins the newest round asked for.
+// - A handled signal stops the workers with that signal, for good: the
+//   agent exits 128 + signal. A second one SIGKILLs them. SIGUSR1/SIGUSR2
+//   are forwarded. A signal that the parent delivered to the workers itself
+//   (a Slurm step) is not sent again.
+// - Job control: SIGTSTP (Ctrl-Z), or the worker in ctrun's process group
+//   stopping on the terminal while ctrun is in the background, stops the
+//   workers and the agent together; once the agent is continued, so are
+//   they, and a heartbeat goes out at once. A rendezvous elsewhere may
+//   have declared the node lost meanwhile (heartbeat_timeout): the node
+//   then rejoins as after any loss.
+// - Workers asked to stop are never asked again by a later decision (a
+//   second SIGTERM can cut short the handler that saves their state); the
+//   strongest ending wins: signal, job failure, job end, lost rendezvous.
+// - Reports are sent only on an open link; a resumed session hears the last
+//   one again (one sent while the service was away may be lost).
+// - Progress (progress_monitor.h): while workers run, the board is read
+//   every ProgressMonitor::kPollEvery (ReadProgress, answered by
+//   OnProgressRead) and what was learned is reported every kReportEvery. A
+//   hung worker is a failure (report FAILED with `hung`), and its node
+//   collects evidence before stopping; every other node does on the
+//   rendezvous's restart or failure with `collect_evidence`/`hung`. A
+//   decision to stop that comes while evidence is collected waits for it,
+//   but for a handled signal, which cuts it short.
+// - torchrun's file timers (file_timers.h): an expired one kills its
+//   process with the timer's signal; a worker that dies of it is a failure
+//   whose cause names the scope. The agent is not signalled (torchrun's is).
+// - Events (Record, docs/events.md): the assignment, each worker's start
+//   and exit, a hang, a restart asked for, the job's end and the agent's
+//   exit, as they are decided.
+#ifndef CTRUN_LAUNCHER_POLICY_AGENT_POLICY_H_
+#define CTRUN_LAUNCHER_POLICY_AGENT_POLICY_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ctrun/v1/event.pb.h"
+#include "ctrun/v1/rendezvous.pb.h"
+#include "launcher/options/launch_options.h"
+#include "launcher/policy/failure_report.h"
+#include "launcher/policy/file_timers.h"
+#include "launcher/policy/progress_monitor.h"
+
+namespace ctrun {
+
+// The agent's decisions. Each is carried out by the loop, in order.
+namespace agent_effect {
+// "ctrun: LINE" on stderr.
+struct Say {
+  std::string line;
+};
+// TEXT verbatim on stderr (the failure summary).
+struct Print {
+  std::string text;
+};
+// Replaces the current session (if any) by a new one: a fresh join (with a
+// new incarnation) when `resume_round` is empty, else a resume of this
+// node's incarnation in that round.
+struct OpenSession {
+  std::optional<int64_t> resume_round;
+};
+// Ends the current session at once (the node is lost to the rendezvous).
+struct CancelSession {};
+// A message on the current session.
+struct Send {
+  v1::AgentMessage message;
+};
+// A Rejoin for `round` on the current session, with a master port candidate
+// found free by the loop.
+struct SendRejoin {
+  int64_t round;
+};
+// Starts one worker per local rank; the loop answers with
+// OnWorkersStarted.
+struct StartWorkers {
+  v1::Assignment assignment;
+};
+// `signal` to every live worker's process group.
+struct SignalWorkers {
+  int signal;
+};
+// The live workers did not die of SIGKILL: stop waiting for them.
+struct AbandonWorkers {};
+// No worker is alive any more: end what they left behind and emit the rest
+// of their output, before anything said about them.
+struct CollectWorkers {};
+// Job control: the agent stops itself (SIGSTOP) and carries on with the
+// next effect once it is continued (SIGCONT, the shell's `fg` or `bg`).
+struct SuspendAgent {};
+// A quick call to the rendezvous that does not wait for it to be up, to
+// learn why it does not answer; the loop answers with OnProbeResult.
+struct ProbeRendezvous {};
+// Reads every worker's slot of the progress board; the loop answers with
+// OnProgressRead.
+struct ReadProgress {};
+// Collects the live workers' stacks and last output into `dir` (under the
+// run directory) by `deadline`; `focus` is the local rank that hung here,
+// or -1. The loop answers with OnEvidenceCollected when done early.
+struct CollectEvidence {
+  std::string dir;
+  int focus = -1;
+  absl::Time deadline;
+};
+// Ends evidence collection (what is not done by now is not waited for),
+// says where it is, and continues the workers it stopped (gdb).
+struct EndEvidence {};
+// `signal` to process `pid` for file timer `scope`, if it is a worker or in
+// a worker's process group; the edge says which it did. For a worker, the
+// policy has said it already (its evidence is taken first).
+struct KillTimedOut {
+  pid_t pid;
+  int signal;
+  std::string scope;
+};
+// The agent exits with `code`.
+struct Exit {
+  int code;
+};
+// A line of the event log (--event_log). The loop stamps time and source,
+// and names the job and the node where the policy could not.
+struct Record {
+  v1::Event event;
+};
+}  // namespace agent_effect
+
+using AgentEffect =
+    std::variant<agent_effect::Say, agent_effect::Print,
+                 agent_effect::OpenSession, agent_effect::CancelSession,
+                 agent_effect::Send, agent_effect::SendRejoin,
+                 agent_effect::StartWorkers, agent_effect::SignalWorkers,
+                 agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
+                 agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
+                 agent_effect::ReadProgress, agent_effect::CollectEvidence,
+                 agent_effect::EndEvidence, agent_effect::KillTimedOut,
+                 agent_effect::Exit, agent_effect::Record>;
+using AgentEffects = std::vector<AgentEffect>;
+
+// "SIGTERM", or "signal N" for a number with no name.
+std::string SignalName(int signal);
+
+struct AgentPolicyConfig {
+  LaunchOptions options;
+  std::string hostname;  // for failure records
+  std::string endpoint;  // the rendezvous, as messages name it
+  // The agent's environment sets OMP_NUM_THREADS (else workers get 1, said
+  // once).
+  bool omp_threads_set = false;
+};
+
+// How one worker's start went (OnWorkersStarted), by local rank.
+struct WorkerStart {
+  int local_rank = 0;
+  pid_t pid = -1;  // -1: it could not be started, see `error`
+  std::string error_file;
+  std::string error;
+  absl::Time wall_time;  // of a failed start, for the failure summary
+};
+
+// A worker's exit as the loop reaped it.
+struct WorkerExit {
+  int local_rank = 0;
+  int exit_code = 0;     // 0 when killed
+  int signal = 0;        // the signal that killed it, or 0
+  absl::Time wall_time;  // for the failure summary
+  // It stopped on SIGTTIN/SIGTTOU (`signal`) trying to use the terminal,
+  // which would hang the job for good; the worker group ended it.
+  bool stopped_on_terminal = false;
+  // Its largest resident set, its waited-for children included (wait4's
+  // ru_maxrss). Started with vfork, a worker's count begins at the agent's
+  // own (some 15 MiB): below that it reads high.
+  uint64_t peak_rss_bytes = 0;
+};
+
+class AgentPolicy {
+ public:
+  enum class Phase {
+    kJoining,
+    kRunning,
+    kCollecting,
+    kStopping,
+    kWaiting,
+    kDone
+  };
+  enum class Link { kConnecting, kOpen, kResuming, kRetrying, kClosed };
+
+  // How long a worker that ignores SIGKILL (stuck in the kernel) may hold
+  // up the agent before it is abandoned.
+  static constexpr absl::Duration kGiveUpAfterKill = absl::Seconds(10);
+  // Progress of a collecting round is printed only after this long; then
+  // on each change, at most this often, and this often without one.
+  static constexpr absl::Duration kProgressQuietFor = absl::Seconds(2);
+  static constexpr absl::Duration kProgressEvery = absl::Seconds(5);
+  static constexpr absl::Duration kProgressRepeat = absl::Seconds(30);
+  // A broken session is opened again after this (never in a tight loop).
+  static constexpr absl::Duration kReopenDelay = absl::Milliseconds(100);
+  // A rendezvous silent this long after a join is probed, then again this
+  // often: a TLS mismatch fails at once instead of after the join timeout.
+  static constexpr absl::Duration kProbeAfter = absl::Seconds(2);
+  static constexpr absl::Duration kProbeEvery = absl::Seconds(3);
+
+  explicit AgentPolicy(AgentPolicyConfig config);
+
+  // Opens the first session.
+  void Start(absl::Time now, AgentEffects* effects);
+  void OnMessage(const v1::ServerMessage& message, absl::Time now,
+                 AgentEffects* effects);
+  // The current session ended with `status` (never after CancelSession's
+  // session: the loop drops that one's end).
+  void OnSessionEnd(const absl::Status& status, absl::Time now,
+                    AgentEffects* effects);
+  // The answer to StartWorkers, one entry per local rank.
+  void OnWorkersStarted(const std::vector<WorkerStart>& started, absl::Time now,
+                        AgentEffects* effects);
+  void OnWorkerExit(const WorkerExit& exit, absl::Time now,
+                    AgentEffects* effects);
+  // A handled signal; `from_parent`: sent by ctrun's parent process.
+  void OnSignal(int signal, bool from_parent, absl::Time now,
+                AgentEffects* effects);
+  // The worker in ctrun's process group stopped on the terminal while
+  // ctrun was in the background (WorkerGroup::TakeTerminalStop).
+  void OnTerminalStop(absl::Time now, AgentEffects* effects);
+  // The answer to ProbeRendezvous.
+  void OnProbeResult(const absl::Status& status, absl::Time now,
+                     AgentEffects* effects);
+  // The answer to ReadProgress: samples[i] for local rank i. `wall_now` is
+  // `now` on the wall clock, for failure records.
+  void OnProgressRead(const std::vector<ProgressSample>& samples,
+                      absl::Time now, absl::Time wall_now,
+                      AgentEffects* effects);
+  // The evidence asked for by CollectEvidence is complete.
+  void OnEvidenceCollected(absl::Time now, AgentEffects* effects);
+  // A line a worker wrote to torchrun's file-timer FIFO.
+  void OnTimerRequest(absl::string_view line, absl::Time now,
+                      absl::Time wall_now, AgentEffects* effects);
+  // Applies everything due at `now`.
+  void Tick(absl::Time now, AgentEffects* effects);
+  // When Tick next has something to do; InfiniteFuture when nothing is due.
+  absl::Time NextDeadline() const;
+
+  Phase phase() const { return phase_; }
+  Link link() const { return link_; }
+  // The current assignment's round, or -1 before the first.
+  int64_t round() const { return assignment_ ? assignment_->round() : -1; }
+  int live_workers() const;
+  // Whether a handled signal decided the exit.
+  bool stopped_by_signal() const { return ending_ == Ending::kSignal; }
+  const ProgressMonitor& monitor() const { return monitor_; }
+
+ private:
+  // Why the agent will exit, weakest first: a stronger one replaces a
+  // weaker one.
+  enum class Ending { kNone, kLost, kJobFinished, kJobFailed, kSignal };
+  // What follows once the workers have stopped, when no ending is decided.
+  enum class Next { kWait, kRejoin, kJoinAfresh };
+
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    bool alive = false;
+    std::string error_file;
+    // The file timer that ctrun killed it for, and with which signal.
+    std::string timer_scope;
+    int timer_signal = 0;
+    absl::Time started;
+  };
+
+  // Appends an event of the current round (if any) to `effects`.
+  v1::Event& Record(const char* what, AgentEffects* effects) const;
+  void OnAssignment(const v1::Assignment& assignment, absl::Time now,
+                    AgentEffects* effects);
+  void OnRestartRequired(const v1::RestartRequired& restart, absl::Time now,
+                         AgentEffects* effects);
+  void OnResumed(const v1::Resumed& resumed, AgentEffects* effects);
+  void OnProgress(const v1::Progress& progress, absl::Time now,
+                  AgentEffects* effects);
+  void PrintProgress(absl::Time now, AgentEffects* effects);
+  // When the joining node next says how the round stands.
+  absl::Time ProgressDue() const {
+    return phase_ == Phase::kJoining && link_ == Link::kOpen && progress_
+               ? progress_due_
+               : absl::InfiniteFuture();
+  }
+  void OnWorkerFailure(const WorkerFailureRecord& failure, absl::Time now,
+                       AgentEffects* effects);
+  // A worker of this node hung: the root cause, the report, the evidence.
+  void OnHang(const std::vector<SilentWorker>& silent, absl::Time now,
+              absl::Time wall_now, AgentEffects* effects);
+  // Collects evidence from the live workers before they are stopped; a
+  // no-op unless workers run.
+  void StartEvidence(int focus, absl::Time now, AgentEffects* effects);
+  // A file timer of `w` expired: a failure like a hang, its evidence first.
+  void OnTimerExpired(Worker& w, const FileTimers::Expired& x, absl::Time now,
+                      AgentEffects* effects);
+  // Evidence is in (or its time is up): the workers stop as decided.
+  void EndEvidence(absl::Time now, AgentEffects* effects);
+  // The expired file timers' kills, then every worker stopped.
+  void StopAfterEvidence(absl::Time now, AgentEffects* effects);
+  // Ends the collecting phase without deciding what follows.
+  void LeaveCollecting(AgentEffects* effects);
+  // Stops the job with the agent, and continues it with the agent.
+  // `workers_told`: the workers had the stop signal already.
+  void Suspend(bool workers_told, absl::Time now, AgentEffects* effects);
+
+  // Decides to exit for `ending` (unless a stronger ending is decided)
+  // once the workers have stopped.
+  void End(Ending ending, absl::Time now, AgentEffects* effects);
+  // Asks the live workers to stop with `signal` (unless `send` is false or
+  // they were asked already) and arms the SIGKILL deadline; moves on at once
+  // when none is alive.
+  void StopWorkers(int signal, bool send, absl::Time now,
+                   AgentEffects* effects);
+  // Every worker is gone: exit, rejoin, join afresh or wait.
+  void OnStopped(absl::Time now, AgentEffects* effects);
+  int ExitCode(AgentEffects* effects) const;
+
+  // The session broke; `why` for the operator.
+  void Reconnect(Link link, const absl::Status& why, absl::Time now,
+                 AgentEffects* effects);
+  void OpenSession(std::optional<int64_t> resume_round, absl::Time now,
+                   AgentEffects* effects);
+  void CloseLink(AgentEffects* effects);
+  void Report(AgentEffects* effects) const;
+  void SendRejoinIfOwed(AgentEffects* effects);
+
+  // Constant after construction.
+  const AgentPolicyConfig config_;
+
+  Phase phase_ = Phase::kJoining;
+  Link link_ = Link::kConnecting;
+  Ending ending_ = Ending::kNone;
+  Next next_ = Next::kWait;
+  int64_t rejoin_round_ = -1;  // with Next::kRejoin
+  // Set when the workers stopped for a rejoin that the link could not carry
+  // yet; sent once it is open.
+  std::optional<int64_t> owed_rejoin_;
+  int exit_signal_ = 0;      // with Ending::kSignal
+  std::string job_failure_;  // with Ending::kJobFailed
+
+  std::optional<v1::Assignment> assignment_;
+  int64_t assignments_ = 0;  // ever received: 0 for a spare never admitted
+  std::vector<Worker> workers_;
+  // What this round's last report said: RUNNING, SUCCEEDED or FAILED.
+  v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;
+  std::vector<WorkerFailureRecord> failures_;  // this attempt, first first
+  bool omp_notice_given_ = false;
+  // Restarts the service gave back (Assignment.restart_refunded), in order.
+  std::vector<std::string> refunds_;
+  // The job failed because a worker hung (JobFailed.hung).
+  bool job_hung_ = false;
+
+  ProgressMonitor monitor_;
+  FileTimers timers_;
+  int malformed_timer_requests_ = 0;
+  // Expired timers' signals, sent when the evidence is in.
+  std::vector<agent_effect::KillTimedOut> timer_kills_;
+  // Wall clock minus the monotonic one, as last seen (for records made on
+  // a tick).
+  absl::Duration wall_offset_;
+
+  // Deadlines; InfiniteFuture when not armed.
+  absl::Time first_answer_deadline_ = absl::InfiniteFuture();
+  absl::Time probe_at_ = absl::InfiniteFuture();
+  absl::Time reconnect_deadline_ = absl::InfiniteFuture();
+  absl::Time reopen_at_ = absl::InfiniteFuture();
+  std::optional<int64_t> reopen_round_;  // with reopen_at_
+  absl::Time next_heartbeat_ = absl::InfiniteFuture();
+  absl::Time kill_deadline_ = absl::InfiniteFuture();
+  absl::Time give_up_deadline_ = absl::InfiniteFuture();
+  absl::Time evidence_deadline_ = absl::InfiniteFuture();
+  // The round's latest progress while joining, when it came, and when it
+  // is next printed (InfiniteFuture: none came yet).
+  std::optional<v1::Progress> progress_;
+  absl::Time progress_at_;
+  absl::Time progress_due_ = absl::InfiniteFuture();
+  absl::Time progress_printed_ = absl::InfinitePast();
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_POLICY_AGENT_POLICY_H_

@@ -1,0 +1,117 @@
+#include "launcher/workers/proc.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ctrun {
+namespace {
+
+// Calls `f(pid)` for every process in /proc.
+template <typename F>
+void ForEachProcess(F f) {
+  DIR* dir = opendir("/proc");
+  if (dir == nullptr) return;
+  while (const dirent* entry = readdir(dir)) {
+    if (!std::isdigit(static_cast<unsigned char>(entry->d_name[0]))) continue;
+    f(static_cast<pid_t>(std::atoi(entry->d_name)));
+  }
+  closedir(dir);
+}
+
+}  // namespace
+
+std::string ReadProcFile(const std::string& path, size_t limit) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  while (text.size() < limit) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
+
+unsigned long long ProcessStartTime(pid_t pid) {
+  const std::string text =
+      ReadProcFile("/proc/" + std::to_string(pid) + "/stat", 1024);
+  const size_t close_paren = text.rfind(')');
+  if (close_paren == std::string::npos) return 0;
+  // Fields after the command: state (3) ... starttime (22).
+  const char* p = text.c_str() + close_paren + 1;
+  for (int field = 3; field < 22 && *p != '\0'; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return std::strtoull(p, nullptr, 10);
+}
+
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  ForEachProcess([&](pid_t pid) {
+    const std::string text =
+        ReadProcFile("/proc/" + std::to_string(pid) + "/stat", 1024);
+    const size_t close_paren = text.rfind(')');
+    if (close_paren == std::string::npos) return;
+    char state;
+    int ppid = 0;
+    if (sscanf(text.c_str() + close_paren + 1, " %c %d", &state, &ppid) == 2 &&
+        ppid == parent) {
+      children.push_back(pid);
+    }
+  });
+  return children;
+}
+
+std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry) {
+  std::vector<pid_t> found;
+  const pid_t self = getpid();
+  ForEachProcess([&](pid_t pid) {
+    if (pid == self) return;
+    const std::string env =
+        ReadProcFile("/proc/" + std::to_string(pid) + "/environ", 1 << 20);
+    size_t start = 0;
+    while (start < env.size()) {
+      size_t end = env.find('\0', start);
+      if (end == std::string::npos) end = env.size();
+      if (env.compare(start, end - start, entry) == 0) {
+        found.push_back(pid);
+        return;
+      }
+      start = end + 1;
+    }
+  });
+  return found;
+}
+
+std::string DescribeProcessState(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line, state;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "State:")) {
+      state = std::string(absl::StripAsciiWhitespace(line.substr(6)));
+      break;
+    }
+  }
+  if (state.empty()) return "gone";
+  std::ifstream wchan_file(absl::StrCat("/proc/", pid, "/wchan"));
+  std::string wchan;
+  std::getline(wchan_file, wchan);
+  if (!wchan.empty() && wchan != "0") absl::StrAppend(&state, " in ", wchan);
+  return state;
+}
+
+}  // namespace ctrun

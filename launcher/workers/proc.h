@@ -1,0 +1,36 @@
+// What /proc says about other processes.
+#ifndef CTRUN_LAUNCHER_WORKERS_PROC_H_
+#define CTRUN_LAUNCHER_WORKERS_PROC_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ctrun {
+
+// Up to `limit` bytes of the /proc file `path`, or "" when its process is
+// gone. Never throws: a process that exits while std::ifstream reads its
+// files makes the read fail with ESRCH, which libstdc++ throws.
+std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20);
+
+// The processes whose parent is `parent` now.
+std::vector<pid_t> ChildrenOf(pid_t parent);
+
+// The processes (but this one) whose environment holds the entry
+// `entry` ("NAME=VALUE") exactly. Only processes this one may read are
+// seen.
+std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry);
+
+// When process `pid` started, in clock ticks since boot (/proc/PID/stat's
+// starttime): with the pid, it names one process even after the pid is
+// reused. 0 when it is gone.
+unsigned long long ProcessStartTime(pid_t pid);
+
+// How process `pid` stands, for an operator: "D (disk sleep) in
+// WCHAN" from /proc/PID/status and /proc/PID/wchan; "gone" when it is.
+std::string DescribeProcessState(pid_t pid);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_WORKERS_PROC_H_

@@ -1,0 +1,103 @@
+#include "launcher/workers/run_directory.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/workers/proc.h"
+#include "launcher/workers/watchdog.h"
+
+namespace ctrun {
+
+std::string TemporaryDirectory() {
+  const char* tmp = getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
+std::string RunFolderName(absl::string_view run_id) {
+  // A job id is any string torchrun accepts; a folder name is not.
+  std::string name(run_id.substr(0, 200));
+  for (char& c : name) {
+    if (c == '/' || c == '\0') c = '_';
+  }
+  return name.empty() ? "job" : name;
+}
+
+absl::StatusOr<std::string> MakeRunDirectory(const std::string& log_dir,
+                                             absl::string_view run_id) {
+  if (!log_dir.empty()) {
+    // A folder of its own for each agent's run (torchrun's RUN_ID_xxxx):
+    // nodes sharing a --log_dir (NFS), or two runs under one id, never
+    // write over each other's logs.
+    std::string dir =
+        absl::StrCat(log_dir, "/", RunFolderName(run_id), "_XXXXXX");
+    std::error_code ec;
+    std::filesystem::create_directories(log_dir, ec);
+    if (ec || mkdtemp(dir.data()) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--log_dir: cannot create ", dir, ": ",
+                       ec ? ec.message() : std::string(strerror(errno))));
+    }
+    return dir;
+  }
+  std::string dir = absl::StrCat(TemporaryDirectory(), "/ctrun-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot create a temporary directory like ", dir, ": ",
+                     strerror(errno)));
+  }
+  return dir;
+}
+
+absl::Status MarkRunDirectory(const std::string& dir) {
+  const std::string agent_dir = absl::StrCat(dir, "/", kAgentFolder);
+  std::error_code ec;
+  std::filesystem::create_directories(agent_dir, ec);
+  std::ofstream mark(agent_dir + "/agent");
+  mark << getpid() << " " << ProcessStartTime(getpid()) << "\n";
+  if (ec || !mark.flush()) {
+    return absl::InternalError(
+        absl::StrCat("cannot mark the run directory ", dir, " as this run's"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RemoveStaleRunDirectories(const std::string& tmp,
+                                                   absl::Duration min_age) {
+  std::vector<std::string> removed;
+  DIR* dir = opendir(tmp.c_str());
+  if (dir == nullptr) return removed;
+  const absl::Time now = absl::Now();
+  while (const dirent* entry = readdir(dir)) {
+    const absl::string_view name = entry->d_name;
+    if (!absl::StartsWith(name, "ctrun-") || name.size() != 12) continue;
+    const std::string folder = absl::StrCat(tmp, "/", name);
+    const std::string mark = absl::StrCat(folder, "/", kAgentFolder, "/agent");
+    struct stat st {};
+    if (lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid() || stat(mark.c_str(), &st) != 0 ||
+        now - absl::FromTimeT(st.st_mtime) < min_age) {
+      continue;
+    }
+    long long pid = 0;
+    unsigned long long started = 0;
+    std::ifstream in(mark);
+    if (!(in >> pid >> started) || pid <= 0) continue;
+    if (ProcessStartTime(static_cast<pid_t>(pid)) == started) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(folder, ec);
+    if (!ec) removed.push_back(folder);
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace ctrun

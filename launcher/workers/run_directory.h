@@ -1,0 +1,47 @@
+// The run directory: where one agent's per-attempt logs, error files and
+// hang evidence go (--log_dir/RUN_ID_XXXXXX, or $TMPDIR/ctrun-XXXXXX).
+#ifndef CTRUN_LAUNCHER_WORKERS_RUN_DIRECTORY_H_
+#define CTRUN_LAUNCHER_WORKERS_RUN_DIRECTORY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace ctrun {
+
+// $TMPDIR, or /tmp.
+std::string TemporaryDirectory();
+
+// The folder name that stands for job `run_id` under --log_dir: one path
+// component whatever the id holds ('/' becomes '_', so "../x" or "a/b"
+// cannot leave the log directory or make folders), at most 200 bytes (with
+// mkdtemp's suffix it stays under NAME_MAX), never empty.
+std::string RunFolderName(absl::string_view run_id);
+
+// Creates this run's directory: `log_dir`/RunFolderName(run_id)_XXXXXX when
+// `log_dir` is given (INVALID_ARGUMENT naming --log_dir when it cannot be),
+// else $TMPDIR/ctrun-XXXXXX (INTERNAL when it cannot be).
+absl::StatusOr<std::string> MakeRunDirectory(const std::string& log_dir,
+                                             absl::string_view run_id);
+
+// Marks temporary run directory `dir` as this process's: its pid and start
+// time in `dir`/.ctrun/agent. The agent removes .ctrun as it ends (and with
+// it the mark), whether it then removes the run directory or keeps it for
+// what it holds and says where; a mark outlives only an agent killed before
+// it could clean up.
+absl::Status MarkRunDirectory(const std::string& dir);
+
+// The ctrun-XXXXXX folders in `tmp` whose mark names an agent that is gone
+// (no such process, or another one that took its pid) and was made at least
+// `min_age` ago, removed whole. Folders without a mark (kept on purpose: an
+// error file, hang evidence the agent pointed at) and folders of runs still
+// going are never touched. Returns the folders removed.
+std::vector<std::string> RemoveStaleRunDirectories(
+    const std::string& tmp, absl::Duration min_age = absl::Minutes(5));
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_WORKERS_RUN_DIRECTORY_H_

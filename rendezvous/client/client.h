@@ -1,0 +1,187 @@
+// Clients of the rendezvous service: the connection, the job's store, the
+// admin views and the agent's session stream.
+//
+// Every RPC carries a deadline and returns absl::Status / StatusOr with the
+// server's code unchanged (grpc_status.h); transport failures are
+// UNAVAILABLE or DEADLINE_EXCEEDED.
+#ifndef CTRUN_RENDEZVOUS_CLIENT_CLIENT_H_
+#define CTRUN_RENDEZVOUS_CLIENT_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ctrun/v1/admin.grpc.pb.h"
+#include "ctrun/v1/rendezvous.grpc.pb.h"
+#include "ctrun/v1/store.grpc.pb.h"
+#include "rendezvous/rpc/munge.h"
+
+namespace ctrun {
+
+struct ConnectionOptions {
+  // HOST:PORT, or HOST:PORT,HOST:PORT,... for the replicas of a ctrund on
+  // etcd: calls go to the first that accepts connections (only the leader
+  // listens), and move on to the next when it goes away.
+  std::string endpoint;
+  std::string token;  // sent with every call when non-empty
+  // When set (and no token), every call carries a fresh munge credential
+  // for the job.
+  std::optional<MungeAuth> munge;
+  // When set, the channel speaks TLS and trusts these PEM roots.
+  std::string tls_ca_file;
+  // Overrides the name checked against the server's certificate.
+  std::string tls_server_name;
+  // Gives this connection its own TCP connection even when another one to
+  // the same endpoint exists in the process (gRPC shares them otherwise).
+  bool own_tcp_connection = false;
+};
+
+// A channel plus the credentials to put on each call. Cheap to copy; safe
+// to share between threads.
+class Connection {
+ public:
+  // INVALID_ARGUMENT for a malformed endpoint or unreadable CA file;
+  // NOT_FOUND for a host of an endpoint list that does not resolve;
+  // UNAVAILABLE when munge is asked for and does not work here. Does not
+  // connect: the first call does.
+  static absl::StatusOr<Connection> Open(const ConnectionOptions& options);
+
+  // Adds the token or a munge credential and, unless `timeout` is infinite,
+  // a deadline.
+  void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::string endpoint_;
+  std::string token_;
+  std::optional<MungeAuth> munge_;
+};
+
+// The store of one job and round, over one stream that carries the
+// requests of every thread using this client (store.proto). The stream opens
+// on first use and again after it broke. Thread-safe.
+class StoreClient {
+ public:
+  StoreClient(Connection connection, std::string job_id, int64_t round,
+              absl::Duration rpc_timeout = absl::Seconds(30));
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  // Moves to another round's scope (after a restart).
+  void set_round(int64_t round);
+
+  absl::Status Set(const std::string& key, const std::string& value);
+  // Waits up to `wait` for the key (DEADLINE_EXCEEDED after); with a zero
+  // wait a missing key is NOT_FOUND.
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  absl::Duration wait = absl::ZeroDuration());
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  struct CompareSetResult {
+    bool swapped;
+    std::string value;
+  };
+  absl::StatusOr<CompareSetResult> CompareSet(const std::string& key,
+                                              const std::string& expected,
+                                              const std::string& desired);
+  absl::StatusOr<bool> Delete(const std::string& key);
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys);
+  absl::StatusOr<int64_t> NumKeys();
+  absl::StatusOr<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys,
+      absl::Duration wait = absl::ZeroDuration());
+  absl::Status MultiSet(
+      const std::vector<std::pair<std::string, std::string>>& entries);
+  absl::Status Wait(const std::vector<std::string>& keys,
+                    absl::Duration timeout);
+
+  class Pipe;
+
+ private:
+  // Sends `request` with a fresh id and this client's scope; returns the
+  // response, or its status when that is not OK. `wait` is how long the
+  // server may hold the request, on top of the RPC timeout.
+  absl::StatusOr<v1::StoreResponse> Call(v1::StoreRequest request,
+                                         absl::Duration wait);
+  // The open stream, opening a new one when there is none or it broke.
+  std::shared_ptr<Pipe> OpenPipe() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Connection connection_;
+  const std::unique_ptr<v1::Store::Stub> stub_;
+  const std::string job_id_;
+  const absl::Duration rpc_timeout_;
+  absl::Mutex mu_;
+  int64_t round_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::shared_ptr<Pipe> pipe_ ABSL_GUARDED_BY(mu_);
+};
+
+class AdminClient {
+ public:
+  explicit AdminClient(Connection connection,
+                       absl::Duration rpc_timeout = absl::Seconds(10));
+  absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  absl::StatusOr<v1::JobStatus> DescribeJob(const std::string& job_id);
+
+ private:
+  const Connection connection_;
+  const std::unique_ptr<v1::Admin::Stub> stub_;
+  const absl::Duration rpc_timeout_;
+};
+
+// An agent's session: the join, then messages both ways until the server
+// ends it. Handlers run on gRPC's threads, one at a time per stream, and
+// must not block; `on_done` runs last, exactly once.
+//
+// Thread-safe. The destructor cancels the stream if it is still open and
+// waits until it is done.
+class SessionStream {
+ public:
+  struct Handlers {
+    std::function<void(const v1::ServerMessage&)> on_message;
+    std::function<void(const absl::Status&)> on_done;
+  };
+
+  // Opens the stream and sends `join` first. The stream waits for the
+  // service to be reachable (gRPC's wait-for-ready); Cancel ends the wait.
+  static std::unique_ptr<SessionStream> Start(const Connection& connection,
+                                              const v1::Join& join,
+                                              Handlers handlers);
+  ~SessionStream();
+  SessionStream(const SessionStream&) = delete;
+  SessionStream& operator=(const SessionStream&) = delete;
+
+  // Queues a message; dropped once the stream is closing or done.
+  void Send(v1::AgentMessage message);
+  // Half-closes after the queued messages: the server then ends the session
+  // (the node leaves) with OK.
+  void Close();
+  // Ends the stream at once (the node is lost to the server).
+  void Cancel();
+  // Blocks until the stream is done; returns its final status.
+  absl::Status Wait();
+  // Like Wait, but gives up after `timeout` (returns nullopt).
+  std::optional<absl::Status> WaitFor(absl::Duration timeout);
+
+  class Reactor;
+
+ private:
+  explicit SessionStream(std::unique_ptr<Reactor> reactor);
+  std::unique_ptr<Reactor> reactor_;
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_RENDEZVOUS_CLIENT_CLIENT_H_

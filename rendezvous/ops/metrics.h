@@ -1,0 +1,116 @@
+// RendezvousMetrics: what a rendezvous service counts, for Prometheus
+// (ctrund --metrics_listen, and ctrun's when it hosts the rendezvous).
+//
+// Counters and histograms are fed by the service as things happen: the
+// core's events (rendezvous_core.h, Effects::events), store operations as
+// they are answered, writes to the journal or etcd, refusals. What the
+// service holds (jobs, nodes, sessions by state) is read at each scrape
+// from a function the service sets, so a scrape never sees stale gauges.
+// docs/metrics.md lists every metric.
+//
+// Thread-safe.
+#ifndef CTRUN_RENDEZVOUS_OPS_METRICS_H_
+#define CTRUN_RENDEZVOUS_OPS_METRICS_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ctrun/v1/event.pb.h"
+#include "rendezvous/rpc/endpoint.h"
+
+namespace prometheus {
+class Collectable;
+class Registry;
+}  // namespace prometheus
+
+namespace ctrun {
+
+class RendezvousMetrics {
+ public:
+  // What the service holds, by state; the names are the label values.
+  struct Holding {
+    std::map<std::string, int> jobs;      // by phase: collecting, running...
+    std::map<std::string, int> nodes;     // by state: joined, active...
+    std::map<std::string, int> sessions;  // in_job, resuming, not_joined
+    double store_bytes = 0;
+  };
+
+  RendezvousMetrics();
+  ~RendezvousMetrics();
+  RendezvousMetrics(const RendezvousMetrics&) = delete;
+  RendezvousMetrics& operator=(const RendezvousMetrics&) = delete;
+
+  // Counts what `event` says: rounds and restarts by reason, node losses,
+  // job ends, the time rounds took to close.
+  void Count(const v1::Event& event);
+  // One store request answered: its kind (the StoreRequest op's field name),
+  // how long it took (a wait's included), and its status code.
+  void StoreOperation(std::string_view kind, absl::Duration latency,
+                      absl::StatusCode code);
+  // One commit to the journal or to etcd.
+  void LogWrite(absl::Duration latency);
+  // A session, store request or admin call refused with `code`.
+  void Refusal(std::string_view rpc, absl::StatusCode code);
+
+  // Sets (or, with nullptr, clears) what a scrape reads the gauges from.
+  // Clearing waits for a scrape in progress: afterwards `holding` is never
+  // called again.
+  void SetHolding(std::function<Holding()> holding);
+
+  // What an exposer serves.
+  std::vector<std::weak_ptr<prometheus::Collectable>> Collectables() const;
+
+ private:
+  struct Families;
+  class HoldingCollector;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Families> families_;
+  std::shared_ptr<HoldingCollector> holding_;
+};
+
+// An HTTP endpoint serving /metrics in Prometheus' text format.
+//
+// One thread of its own, with every connection non-blocking on one epoll:
+// a connection that sends nothing (a port scan, a half-open probe) costs a
+// descriptor, never the thread, so scrapes are answered while hundreds of
+// them sit open. Each connection gets kRequestTimeout to send its request
+// and its answer; beyond kMaxConnections the oldest is closed. One request
+// per connection (HTTP/1.0 style, `Connection: close`).
+class MetricsEndpoint {
+ public:
+  static constexpr int kMaxConnections = 512;
+  static constexpr absl::Duration kRequestTimeout = absl::Seconds(10);
+  static constexpr size_t kMaxRequestBytes = 8192;
+
+  // Listens on `listen` (port 0 picks one) and serves `metrics`, which must
+  // outlive the endpoint. UNAVAILABLE naming the address when it cannot
+  // listen.
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+      const Endpoint& listen, const RendezvousMetrics& metrics);
+  // Stops serving: closes every connection and joins the thread.
+  ~MetricsEndpoint();
+  MetricsEndpoint(const MetricsEndpoint&) = delete;
+  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
+
+  // The bound address, with the actual port.
+  const Endpoint& endpoint() const { return bound_; }
+
+ private:
+  class Server;
+  MetricsEndpoint(std::unique_ptr<Server> server, Endpoint bound);
+  std::unique_ptr<Server> server_;
+  Endpoint bound_;
+};
+
+// The metrics as Prometheus' text exposition format (what /metrics serves).
+std::string RenderMetrics(const RendezvousMetrics& metrics);
+
+}  // namespace ctrun
+
+#endif  // CTRUN_RENDEZVOUS_OPS_METRICS_H_

@@ -1,0 +1,116 @@
+#include "rendezvous/rpc/auth.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "rendezvous/rpc/user_file.h"
+
+namespace ctrun {
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  // Room for the newlines and spaces around a token of the largest size.
+  auto text = ReadUserFile(path, "token file", kMaxTokenBytes + 64);
+  if (!text.ok()) return text.status();
+  std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", path, "' is empty"));
+  }
+  if (token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file '", path, "' holds more than ", kMaxTokenBytes, " bytes"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token in '", path,
+          "' must be one word of printable ASCII (no spaces or newlines)"));
+    }
+  }
+  return token;
+}
+
+std::string GenerateToken() {
+  std::random_device rd;
+  std::string bytes(24, '\0');
+  for (char& b : bytes) b = static_cast<char>(rd() & 0xff);
+  return absl::BytesToHexString(bytes);
+}
+
+std::string BearerValue(absl::string_view token) {
+  return absl::StrCat("Bearer ", token);
+}
+
+std::string MungeValue(absl::string_view credential) {
+  return absl::StrCat("Munge ", credential);
+}
+
+std::optional<std::string> MungeCredentialIn(absl::string_view received) {
+  if (!absl::ConsumePrefix(&received, "Munge ")) return std::nullopt;
+  return std::string(received);
+}
+
+namespace {
+
+constexpr absl::string_view kJobTokenPrefix = "job.";
+
+bool ConstantTimeEquals(absl::string_view received,
+                        absl::string_view expected) {
+  // Every byte of the expected value is looked at whatever arrives, so the
+  // time taken does not tell how much of a guess was right.
+  unsigned char diff = received.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char got =
+        i < received.size() ? static_cast<unsigned char>(received[i]) : 0;
+    diff |= got ^ static_cast<unsigned char>(expected[i]);
+  }
+  return diff == 0;
+}
+
+std::string JobMac(absl::string_view secret, absl::string_view job_id) {
+  // Bound to its purpose, so that the MAC is of no use anywhere else.
+  const std::string message = absl::StrCat("ctrun job token v1\n", job_id);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+       mac, &length);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(mac), length));
+}
+
+}  // namespace
+
+std::string JobToken(absl::string_view secret, absl::string_view job_id) {
+  return absl::StrCat(kJobTokenPrefix, job_id, ".", JobMac(secret, job_id));
+}
+
+std::optional<std::string> JobAdmittedBy(absl::string_view received,
+                                         absl::string_view secret) {
+  if (!absl::ConsumePrefix(&received, "Bearer ") ||
+      !absl::ConsumePrefix(&received, kJobTokenPrefix)) {
+    return std::nullopt;
+  }
+  // Job ids may hold dots; the MAC (hex) holds none.
+  const size_t dot = received.rfind('.');
+  if (dot == absl::string_view::npos || dot == 0) return std::nullopt;
+  const absl::string_view job_id = received.substr(0, dot);
+  if (!ConstantTimeEquals(received.substr(dot + 1), JobMac(secret, job_id))) {
+    return std::nullopt;
+  }
+  return std::string(job_id);
+}
+
+bool BearerMatches(absl::string_view received, absl::string_view token) {
+  return ConstantTimeEquals(received, BearerValue(token));
+}
+
+}  // namespace ctrun
