@@ -14,8 +14,8 @@
 
 #include "ctrun/progress_board.h"
 #include "launcher/policy/file_timers.h"
-#include "launcher/workers/progress_board.h"
 #include "launcher/policy/progress_monitor.h"
+#include "launcher/workers/progress_board.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ctrun;

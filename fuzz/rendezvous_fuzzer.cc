@@ -20,9 +20,9 @@
 #include <utility>
 
 #include "absl/time/time.h"
-#include "rendezvous/durable/journal.h"
 #include "rendezvous/core/rendezvous_core.h"
 #include "rendezvous/core/store_request.h"
+#include "rendezvous/durable/journal.h"
 
 namespace {
 

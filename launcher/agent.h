@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "launcher/hw/nvml.h"
 #include "launcher/policy/agent_policy.h"
+#include "launcher/policy/gpu_watch.h"
 #include "launcher/workers/console.h"
 #include "launcher/workers/evidence.h"
-#include "launcher/policy/gpu_watch.h"
-#include "launcher/hw/nvml.h"
 #include "launcher/workers/progress_board.h"
 #include "launcher/workers/worker_group.h"
 #include "rendezvous/client/client.h"

@@ -21,14 +21,14 @@
 #include "launcher/options/command_line.h"
 #include "launcher/options/host_facts.h"
 #include "launcher/options/rendezvous_plan.h"
+#include "launcher/options/worker_command.h"
 #include "launcher/workers/run_directory.h"
 #include "launcher/workers/watchdog.h"
-#include "launcher/options/worker_command.h"
+#include "rendezvous/client/status_report.h"
 #include "rendezvous/rpc/auth.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/grpc_log.h"
 #include "rendezvous/server/rendezvous_server.h"
-#include "rendezvous/client/status_report.h"
 
 extern char** environ;
 

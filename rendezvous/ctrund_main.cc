@@ -22,14 +22,14 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "rendezvous/rpc/auth.h"
 #include "rendezvous/client/client.h"
-#include "rendezvous/rpc/endpoint.h"
-#include "rendezvous/etcd/etcd_replica.h"
-#include "rendezvous/rpc/grpc_log.h"
-#include "rendezvous/core/job_settings.h"
-#include "rendezvous/server/rendezvous_server.h"
 #include "rendezvous/client/status_report.h"
+#include "rendezvous/core/job_settings.h"
+#include "rendezvous/etcd/etcd_replica.h"
+#include "rendezvous/rpc/auth.h"
+#include "rendezvous/rpc/endpoint.h"
+#include "rendezvous/rpc/grpc_log.h"
+#include "rendezvous/server/rendezvous_server.h"
 
 namespace ctrun {
 namespace {

@@ -18,8 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
-#include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/ops/event_log.h"
+#include "rendezvous/rpc/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 #include "tests/support/http_get.h"
@@ -288,8 +288,7 @@ TEST_CASE("A metrics address in use is said in one line and nothing runs",
   CHECK(c.Stderr() ==
         "ctrund: --metrics-listen: cannot serve metrics on "
         "127.0.0.1:" +
-            port +
-            " (address in use)\n");
+            port + " (address in use)\n");
 }
 
 }  // namespace

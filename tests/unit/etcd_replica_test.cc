@@ -4,9 +4,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "rendezvous/core/leader_lease.h"
 #include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/etcd/etcd_log.h"
-#include "rendezvous/core/leader_lease.h"
 
 namespace ctrun {
 namespace {

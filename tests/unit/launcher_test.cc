@@ -12,14 +12,14 @@
 #include "absl/strings/match.h"
 #include "ctrun/environment.h"
 #include "launcher/options/command_line.h"
-#include "launcher/policy/failure_report.h"
 #include "launcher/options/host_facts.h"
-#include "launcher/workers/proc.h"
-#include "launcher/workers/progress_board.h"
 #include "launcher/options/rendezvous_plan.h"
-#include "launcher/workers/run_directory.h"
 #include "launcher/options/worker_command.h"
 #include "launcher/options/worker_env.h"
+#include "launcher/policy/failure_report.h"
+#include "launcher/workers/proc.h"
+#include "launcher/workers/progress_board.h"
+#include "launcher/workers/run_directory.h"
 #include "launcher/workers/worker_output.h"
 
 namespace ctrun {

@@ -1,7 +1,6 @@
 // --numa_binding's plans on a synthetic machine (tests/support/
 // topology_xml.h): 2 sockets of 8 cores in 2 core complexes, 4 GPUs each.
 #include "launcher/policy/numa_binding.h"
-#include "launcher/hw/topology.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -10,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "launcher/hw/topology.h"
 #include "tests/support/topology_xml.h"
 
 namespace ctrun {
