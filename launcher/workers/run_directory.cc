@@ -83,7 +83,10 @@ std::vector<std::string> RemoveStaleRunDirectories(const std::string& tmp,
     const std::string mark = absl::StrCat(folder, "/", kAgentFolder, "/agent");
     struct stat st {};
     if (lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
-        st.st_uid != geteuid() || stat(mark.c_str(), &st) != 0 ||
+        st.st_uid != geteuid() || lstat(mark.c_str(), &st) != 0 ||
+        // A worker can write in its run directory: anything but a plain
+        // file there (a FIFO would block this read) is not a mark.
+        !S_ISREG(st.st_mode) || st.st_size > 64 ||
         now - absl::FromTimeT(st.st_mtime) < min_age) {
       continue;
     }

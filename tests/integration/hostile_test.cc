@@ -286,6 +286,11 @@ TEST_CASE(
       LeftFolder(tmp, "ctrun-kept00", std::nullopt, absl::Hours(1));
   const std::string running =
       LeftFolder(tmp, "ctrun-runnin", alive, absl::Minutes(10));
+  // A FIFO where the mark goes (a worker can write there): never read.
+  const std::string fifo =
+      LeftFolder(tmp, "ctrun-fifo00", std::nullopt, absl::Hours(1));
+  std::filesystem::create_directories(fifo + "/.ctrun");
+  REQUIRE(mkfifo((fifo + "/.ctrun/agent").c_str(), 0600) == 0);
   ChildProcess first(
       {CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/true"},
       {"TMPDIR=" + tmp});
@@ -299,6 +304,7 @@ TEST_CASE(
   CHECK(std::filesystem::exists(recent));  // maybe still being left
   CHECK(std::filesystem::exists(kept + "/hang_round_0/rank0.python.txt"));
   CHECK(std::filesystem::exists(running));
+  CHECK(std::filesystem::exists(fifo));
   ChildProcess second(
       {CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/true"},
       {"TMPDIR=" + tmp});
@@ -313,7 +319,7 @@ TEST_CASE(
   for (const auto& e : std::filesystem::directory_iterator(tmp)) {
     marked += std::filesystem::exists(e.path() / ".ctrun" / "agent");
   }
-  CHECK(marked == 2);  // recent and running; nothing of the three runs
+  CHECK(marked == 3);  // recent, running, the FIFO; none of the runs
   std::filesystem::remove_all(tmp);
 }
 
