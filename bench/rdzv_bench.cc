@@ -453,7 +453,7 @@ int Failover(const std::string& ctrund, int agents) {
       a->round = m.assignment().round();
       a->assigned.Notify();
     };
-    handlers.on_done = [a](const absl::Status&) { a->ended.Notify(); };
+    handlers.on_done = [a](const absl::Status&, bool) { a->ended.Notify(); };
     a->stream = SessionStream::Start(Connect(endpoints),
                                      MakeJoin("bench", i, agents), handlers);
   }

@@ -71,7 +71,7 @@ AgentPolicyConfig PolicyConfig(const AgentConfig& c) {
 class Agent::Inbox {
  public:
   struct Item {
-    enum Kind { kMessage, kSessionEnd, kProbe } kind;
+    enum Kind { kMessage, kSessionEnd, kRedirected, kProbe } kind;
     uint64_t generation = 0;
     v1::ServerMessage message;
     absl::Status status;
@@ -472,8 +472,10 @@ void Agent::DrainInbox() {
         policy_.OnMessage(item.message, now, &effects);
         break;
       case Inbox::Item::kSessionEnd:
+      case Inbox::Item::kRedirected:
         if (item.generation != session_generation_) continue;
-        policy_.OnSessionEnd(item.status, now, &effects);
+        policy_.OnSessionEnd(item.status, item.kind == Inbox::Item::kRedirected,
+                             now, &effects);
         break;
     }
     Apply(std::move(effects));
@@ -597,8 +599,13 @@ void Agent::OpenSession(std::optional<int64_t> resume_round) {
                          generation](const v1::ServerMessage& m) {
     inbox->Post({Inbox::Item::kMessage, generation, m, absl::OkStatus()});
   };
-  handlers.on_done = [inbox = inbox_, generation](const absl::Status& status) {
-    inbox->Post({Inbox::Item::kSessionEnd, generation, {}, status});
+  handlers.on_done = [inbox = inbox_, generation](const absl::Status& status,
+                                                  bool redirected) {
+    inbox->Post(
+        {redirected ? Inbox::Item::kRedirected : Inbox::Item::kSessionEnd,
+         generation,
+         {},
+         status});
   };
   session_.reset();  // the broken one, if any: done already
   session_ = SessionStream::Start(config_.connection, join, handlers);
@@ -619,8 +626,11 @@ void Agent::Probe() {
   call->context.set_wait_for_ready(false);
   call->stub->async()->ListJobs(
       &call->context, &call->request, &call->response,
-      [call, inbox = inbox_](grpc::Status status) {
-        inbox->Post({Inbox::Item::kProbe, 0, {}, FromGrpcStatus(status)});
+      [call, inbox = inbox_,
+       connection = config_.connection](grpc::Status status) {
+        const absl::Status result = FromGrpcStatus(status);
+        connection.Follow(call->context, result);
+        inbox->Post({Inbox::Item::kProbe, 0, {}, result});
       });
 }
 

@@ -30,6 +30,7 @@
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/grpc_log.h"
 #include "rendezvous/server/rendezvous_server.h"
+#include "rendezvous/server/standby_server.h"
 
 namespace ctrun {
 namespace {
@@ -218,6 +219,12 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
     spdlog::warn("cannot check --etcd-prefix {} yet: {}", flags.etcd_prefix,
                  std::string(s.message()));
   }
+  // Listening from the start, not only once leading: clients that reach a
+  // standby are sent on to the leader at once.
+  auto standby =
+      StandbyServer::Start({options.listen, options.tls,
+                            [r = replica->get()] { return r->Leader(); }});
+  if (!standby.ok()) return Fail(std::string(standby.status().message()));
   const std::string listen = options.listen.ToString();
   std::printf("ctrund standing by to serve %s (etcd %s)\n", listen.c_str(),
               (*replica)->client().endpoints().c_str());
@@ -227,6 +234,7 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
   absl::Mutex server_mu;
   std::thread leader([&] {
     if (!(*replica)->Campaign(&stop)) return;
+    (*standby)->Shutdown();  // the port is the leader's now
     options.state_log = (*replica)->LogOpener(
         static_cast<size_t>(flags.etcd_max_request_bytes));
     options.may_serve = [r = replica->get()] { return r->MayServe(); };
@@ -261,6 +269,7 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
   spdlog::info("stopping on {}", strsignal(signal_number));
   stop.Notify();
   leader.join();
+  (*standby)->Shutdown();
   absl::MutexLock lock(&server_mu);
   if (server) {
     server->Shutdown();
@@ -506,6 +515,11 @@ int RunStatus(const StatusFlags& flags, bool endpoint_given) {
                                endpoint, ": ", job.status().ToString()));
     }
     *jobs.add_jobs() = std::move(*job);
+  }
+  if (const std::string leader = connection->leader(); !leader.empty()) {
+    // A standby sent the calls on: say so, off the JSON if asked for.
+    (flags.json ? std::cerr : std::cout)
+        << "leader: " << leader << " (" << endpoint << " stands by)\n";
   }
   if (flags.json) {
     std::cout << FormatJobsJson(jobs);

@@ -161,8 +161,8 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
   }
 }
 
-void AgentPolicy::OnSessionEnd(const absl::Status& status, absl::Time now,
-                               AgentEffects* effects) {
+void AgentPolicy::OnSessionEnd(const absl::Status& status, bool redirected,
+                               absl::Time now, AgentEffects* effects) {
   if (phase_ == Phase::kDone || link_ == Link::kClosed) return;
   next_heartbeat_ = absl::InfiniteFuture();
   if (ending_ != Ending::kNone) {  // stopping for good: nothing to resume
@@ -190,7 +190,7 @@ void AgentPolicy::OnSessionEnd(const absl::Status& status, absl::Time now,
   const bool keeps_state = !assignment_ || assignment_->resumable();
   if (IsTransportFailure(status) && keeps_state) {
     Reconnect(phase_ == Phase::kJoining ? Link::kRetrying : Link::kResuming,
-              status, now, effects);
+              status, redirected, now, effects);
     return;
   }
   if (IsTransportFailure(status)) {  // a running job's stateless service
@@ -211,9 +211,9 @@ void AgentPolicy::OnSessionEnd(const absl::Status& status, absl::Time now,
   End(Ending::kLost, now, effects);
 }
 
-void AgentPolicy::Reconnect(Link link, const absl::Status& why, absl::Time now,
-                            AgentEffects* effects) {
-  if (reconnect_deadline_ == absl::InfiniteFuture()) {
+void AgentPolicy::Reconnect(Link link, const absl::Status& why, bool redirected,
+                            absl::Time now, AgentEffects* effects) {
+  if (reconnect_deadline_ == absl::InfiniteFuture() && !redirected) {
     // A retry keeps the first attempt's deadline.
     reconnect_deadline_ = now + config_.options.reconnect_timeout;
     const std::string what =
@@ -229,7 +229,7 @@ void AgentPolicy::Reconnect(Link link, const absl::Status& why, absl::Time now,
   }
   link_ = link;
   first_answer_deadline_ = probe_at_ = absl::InfiniteFuture();
-  reopen_at_ = now + kReopenDelay;
+  reopen_at_ = redirected ? now : now + kReopenDelay;
   if (link == Link::kResuming) {
     reopen_round_ = assignment_->round();
   } else {

@@ -250,8 +250,9 @@ class AgentPolicy {
   void OnMessage(const v1::ServerMessage& message, absl::Time now,
                  AgentEffects* effects);
   // The current session ended with `status` (never after CancelSession's
-  // session: the loop drops that one's end).
-  void OnSessionEnd(const absl::Status& status, absl::Time now,
+  // session: the loop drops that one's end); `redirected`: a standby
+  // replica refused it, naming the leader the next session goes to.
+  void OnSessionEnd(const absl::Status& status, bool redirected, absl::Time now,
                     AgentEffects* effects);
   // The answer to StartWorkers, one entry per local rank.
   void OnWorkersStarted(const std::vector<WorkerStart>& started, absl::Time now,
@@ -359,9 +360,10 @@ class AgentPolicy {
   void OnStopped(absl::Time now, AgentEffects* effects);
   int ExitCode(AgentEffects* effects) const;
 
-  // The session broke; `why` for the operator.
-  void Reconnect(Link link, const absl::Status& why, absl::Time now,
-                 AgentEffects* effects);
+  // The session broke; `why` for the operator. `redirected`: a standby
+  // sent it to the leader, which is no news: at once and quietly.
+  void Reconnect(Link link, const absl::Status& why, bool redirected,
+                 absl::Time now, AgentEffects* effects);
   void OpenSession(std::optional<int64_t> resume_round, absl::Time now,
                    AgentEffects* effects);
   void CloseLink(AgentEffects* effects);

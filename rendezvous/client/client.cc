@@ -13,6 +13,18 @@
 
 namespace ctrun {
 
+// What copies of a Connection share: the channel to the endpoints given,
+// and the one to the leader a standby named, made alike.
+struct Connection::Route {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  grpc::ChannelArguments args;
+  std::shared_ptr<grpc::Channel> listed;
+
+  absl::Mutex mu;
+  std::string leader ABSL_GUARDED_BY(mu);
+  std::shared_ptr<grpc::Channel> to_leader ABSL_GUARDED_BY(mu);
+};
+
 absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   auto endpoints = ParseEndpointList(options.endpoint);
   if (!endpoints.ok()) return endpoints.status();
@@ -58,8 +70,44 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
     if (!probe.ok()) return probe.status();
     c.munge_ = options.munge;
   }
-  c.channel_ = grpc::CreateCustomChannel(*target, credentials, args);
+  c.route_ = std::make_shared<Route>();
+  c.route_->credentials = credentials;
+  c.route_->args = args;
+  c.route_->listed = grpc::CreateCustomChannel(*target, credentials, args);
   return c;
+}
+
+Connection::Target Connection::target() const {
+  absl::MutexLock lock(&route_->mu);
+  if (route_->to_leader) return {route_->to_leader, true};
+  return {route_->listed, false};
+}
+
+std::string Connection::leader() const {
+  absl::MutexLock lock(&route_->mu);
+  return route_->leader;
+}
+
+bool Connection::Follow(const grpc::ClientContext& context,
+                        const absl::Status& status) const {
+  if (!absl::IsUnavailable(status)) return false;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto hint = trailers.find(kLeaderMetadataKey);
+  absl::MutexLock lock(&route_->mu);
+  if (hint == trailers.end()) {
+    // The leader went away, or stepped down: ask the list again, where a
+    // standby names its successor.
+    route_->leader.clear();
+    route_->to_leader.reset();
+    return false;
+  }
+  const std::string leader(hint->second.data(), hint->second.size());
+  if (leader != route_->leader) {
+    route_->leader = leader;
+    route_->to_leader =
+        grpc::CreateCustomChannel(leader, route_->credentials, route_->args);
+  }
+  return true;
 }
 
 void Connection::Prepare(grpc::ClientContext* context,
@@ -91,6 +139,10 @@ class StoreClient::Pipe final
     absl::StatusOr<v1::StoreResponse> result;
   };
 
+  // `on_leader`: opened on the leader's channel (Connection::Target).
+  Pipe(Connection connection, bool on_leader)
+      : connection_(std::move(connection)), on_leader_(on_leader) {}
+
   void Register(uint64_t id, std::shared_ptr<Slot> slot) {
     absl::MutexLock lock(&mu_);
     pending_[id] = std::move(slot);
@@ -102,6 +154,17 @@ class StoreClient::Pipe final
   bool open() {
     absl::MutexLock lock(&mu_);
     return !finished_;
+  }
+  // Whether a standby refused the stream: none of its requests was done.
+  bool redirected() const {
+    absl::MutexLock lock(&mu_);
+    return redirected_;
+  }
+  // Whether the stream ended so that the next one goes elsewhere: a
+  // standby refused it, or the leader it went to is unreachable.
+  bool rerouted() const {
+    absl::MutexLock lock(&mu_);
+    return redirected_ || left_leader_;
   }
 
  private:
@@ -124,10 +187,13 @@ class StoreClient::Pipe final
   }
 
   void OnFinished(const absl::Status& status) override {
+    const bool redirected = connection_.Follow(context(), status);
     absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending;
     {
       absl::MutexLock lock(&mu_);
       finished_ = true;
+      redirected_ = redirected;
+      left_leader_ = on_leader_ && !redirected && absl::IsUnavailable(status);
       pending.swap(pending_);
     }
     const absl::Status why =
@@ -139,16 +205,19 @@ class StoreClient::Pipe final
     }
   }
 
-  absl::Mutex mu_;
+  const Connection connection_;
+  const bool on_leader_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending_
       ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool redirected_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_leader_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 StoreClient::StoreClient(Connection connection, std::string job_id,
                          int64_t round, absl::Duration rpc_timeout)
     : connection_(std::move(connection)),
-      stub_(v1::Store::NewStub(connection_.channel())),
       job_id_(std::move(job_id)),
       rpc_timeout_(rpc_timeout),
       round_(round) {}
@@ -166,16 +235,20 @@ std::shared_ptr<StoreClient::Pipe> StoreClient::OpenPipe() {
   // thread, once gRPC is done with it (client_stream.h says why). Callers
   // still holding it keep it alive and destroy it likewise.
   if (pipe_) pipe_->Wait().IgnoreError();
-  auto pipe = std::shared_ptr<Pipe>(new Pipe(), [](Pipe* p) {
-    p->Cancel();
-    p->Wait().IgnoreError();
-    delete p;
-  });
+  const Connection::Target target = connection_.target();
+  auto pipe =
+      std::shared_ptr<Pipe>(new Pipe(connection_, target.leader), [](Pipe* p) {
+        p->Cancel();
+        p->Wait().IgnoreError();
+        delete p;
+      });
   connection_.Prepare(&pipe->context(), absl::InfiniteDuration());
   // While the service restarts (ctrund --state-dir), requests wait for it
   // to be back, each within its own deadline, instead of failing at once.
-  pipe->context().set_wait_for_ready(true);
-  stub_->async()->Pipe(&pipe->context(), pipe.get());
+  pipe->context().set_wait_for_ready(!target.leader);
+  v1::Store::NewStub(target.channel)
+      ->async()
+      ->Pipe(&pipe->context(), pipe.get());
   pipe->Begin();
   pipe_ = pipe;
   return pipe;
@@ -210,7 +283,19 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
   const absl::Time deadline = absl::Now() + wait + rpc_timeout_;
   // A request that could not even be queued (the stream had just broken)
   // is safe to send once more on a new stream; so is a repeatable one
-  // whose stream broke before it was answered (the service restarted).
+  // whose stream broke before it was answered (the service restarted), and
+  // any that a standby refused. Twice more at most; but between the
+  // replicas of a ctrund on etcd (a standby sent the stream on, or the
+  // leader it named went away) until the deadline, a little apart, as a
+  // takeover lasts up to the lease.
+  auto again = [deadline](int attempt, const Pipe& pipe) {
+    if (!pipe.rerouted()) return attempt < 2;
+    const absl::Duration pause =
+        attempt == 0 ? absl::ZeroDuration() : absl::Milliseconds(100);
+    if (absl::Now() + pause >= deadline) return false;
+    absl::SleepFor(pause);
+    return true;
+  };
   for (int attempt = 0;; ++attempt) {
     auto slot = std::make_shared<Pipe::Slot>();
     std::shared_ptr<Pipe> pipe;
@@ -231,7 +316,7 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
           ended && RefusedStream(*ended)) {
         return *ended;
       }
-      if (attempt < 2) continue;
+      if (again(attempt, *pipe)) continue;
       return absl::UnavailableError(
           absl::StrCat("cannot reach the store at ", connection_.endpoint()));
     }
@@ -241,8 +326,8 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
           absl::StrCat("no answer from the store at ", connection_.endpoint(),
                        " within ", absl::FormatDuration(wait + rpc_timeout_)));
     }
-    if (attempt < 2 && absl::IsUnavailable(slot->result.status()) &&
-        !pipe->open() && Repeatable(request)) {
+    if (absl::IsUnavailable(slot->result.status()) && !pipe->open() &&
+        (Repeatable(request) || pipe->redirected()) && again(attempt, *pipe)) {
       continue;
     }
     return std::move(slot->result);
@@ -350,32 +435,40 @@ absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
 // --- AdminClient ------------------------------------------------------------
 
 AdminClient::AdminClient(Connection connection, absl::Duration rpc_timeout)
-    : connection_(std::move(connection)),
-      stub_(v1::Admin::NewStub(connection_.channel())),
-      rpc_timeout_(rpc_timeout) {}
+    : connection_(std::move(connection)), rpc_timeout_(rpc_timeout) {}
+
+template <typename Response, typename Method>
+absl::StatusOr<Response> AdminClient::Call(Method method) {
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext context;
+    connection_.Prepare(&context, rpc_timeout_);
+    auto stub = v1::Admin::NewStub(connection_.channel());
+    Response response;
+    const absl::Status status =
+        FromGrpcStatus(method(*stub, &context, &response));
+    if (status.ok()) return response;
+    if (connection_.Follow(context, status) && attempt == 0) continue;
+    return status;
+  }
+}
 
 absl::StatusOr<v1::ListJobsResponse> AdminClient::ListJobs() {
-  grpc::ClientContext context;
-  connection_.Prepare(&context, rpc_timeout_);
-  v1::ListJobsResponse resp;
-  if (auto s = FromGrpcStatus(stub_->ListJobs(&context, {}, &resp)); !s.ok()) {
-    return s;
-  }
-  return resp;
+  return Call<v1::ListJobsResponse>([](v1::Admin::Stub& stub,
+                                       grpc::ClientContext* context,
+                                       v1::ListJobsResponse* response) {
+    return stub.ListJobs(context, {}, response);
+  });
 }
 
 absl::StatusOr<v1::JobStatus> AdminClient::DescribeJob(
     const std::string& job_id) {
-  grpc::ClientContext context;
-  connection_.Prepare(&context, rpc_timeout_);
-  v1::DescribeJobRequest req;
-  req.set_job_id(job_id);
-  v1::JobStatus resp;
-  if (auto s = FromGrpcStatus(stub_->DescribeJob(&context, req, &resp));
-      !s.ok()) {
-    return s;
-  }
-  return resp;
+  v1::DescribeJobRequest request;
+  request.set_job_id(job_id);
+  return Call<v1::JobStatus>([&request](v1::Admin::Stub& stub,
+                                        grpc::ClientContext* context,
+                                        v1::JobStatus* response) {
+    return stub.DescribeJob(context, request, response);
+  });
 }
 
 // --- SessionStream ----------------------------------------------------------
@@ -384,16 +477,20 @@ absl::StatusOr<v1::JobStatus> AdminClient::DescribeJob(
 class SessionStream::Reactor final
     : public ClientStream<v1::AgentMessage, v1::ServerMessage> {
  public:
-  explicit Reactor(Handlers handlers) : handlers_(std::move(handlers)) {}
+  Reactor(Connection connection, Handlers handlers)
+      : connection_(std::move(connection)), handlers_(std::move(handlers)) {}
 
  private:
   void OnMessage(const v1::ServerMessage& message) override {
     if (handlers_.on_message) handlers_.on_message(message);
   }
   void OnFinished(const absl::Status& status) override {
-    if (handlers_.on_done) handlers_.on_done(status);
+    // Before the agent opens another.
+    const bool redirected = connection_.Follow(context(), status);
+    if (handlers_.on_done) handlers_.on_done(status, redirected);
   }
 
+  const Connection connection_;
   const Handlers handlers_;
 };
 
@@ -402,13 +499,14 @@ SessionStream::SessionStream(std::unique_ptr<Reactor> reactor)
 
 std::unique_ptr<SessionStream> SessionStream::Start(
     const Connection& connection, const v1::Join& join, Handlers handlers) {
-  auto reactor = std::make_unique<Reactor>(std::move(handlers));
+  auto reactor = std::make_unique<Reactor>(connection, std::move(handlers));
   connection.Prepare(&reactor->context(), absl::InfiniteDuration());
   // An agent may start before the node that hosts the rendezvous: the
   // session waits for the service to come up instead of failing at once.
   // The agent bounds the wait by its join timeout.
-  reactor->context().set_wait_for_ready(true);
-  auto stub = v1::Rendezvous::NewStub(connection.channel());
+  const Connection::Target target = connection.target();
+  reactor->context().set_wait_for_ready(!target.leader);
+  auto stub = v1::Rendezvous::NewStub(target.channel);
   stub->async()->Session(&reactor->context(), reactor.get());
   v1::AgentMessage first;
   *first.mutable_join() = join;

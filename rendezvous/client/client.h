@@ -29,8 +29,8 @@ namespace ctrun {
 
 struct ConnectionOptions {
   // HOST:PORT, or HOST:PORT,HOST:PORT,... for the replicas of a ctrund on
-  // etcd: calls go to the first that accepts connections (only the leader
-  // listens), and move on to the next when it goes away.
+  // etcd: calls go to the first that accepts connections; a standby among
+  // them names the leader, and calls go there (Connection::Follow).
   std::string endpoint;
   std::string token;  // sent with every call when non-empty
   // When set (and no token), every call carries a fresh munge credential
@@ -46,7 +46,7 @@ struct ConnectionOptions {
 };
 
 // A channel plus the credentials to put on each call. Cheap to copy; safe
-// to share between threads.
+// to share between threads. Copies share what Follow learns.
 class Connection {
  public:
   // INVALID_ARGUMENT for a malformed endpoint or unreadable CA file;
@@ -59,11 +59,36 @@ class Connection {
   // a deadline.
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
 
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // Where calls go now: to the leader a standby named, or else to the
+  // endpoints given. Take it for each call (or stream), not once.
+  struct Target {
+    std::shared_ptr<grpc::Channel> channel;
+    // Whether it is the leader's: a call there must not wait for the
+    // channel to connect (gRPC's wait-for-ready), for a leader that went
+    // away fails it at once and calls return to the endpoints given, where
+    // its successor is.
+    bool leader = false;
+  };
+  Target target() const;
+  std::shared_ptr<grpc::Channel> channel() const { return target().channel; }
+
+  // Learns from a call that ended with `status` (context being the call's):
+  // a standby's UNAVAILABLE names the leader (kLeaderMetadataKey), and
+  // calls go there from now on; an UNAVAILABLE from that leader without a
+  // name sends calls back to the endpoints given (it may have stepped
+  // down or died). True when the call was a standby's refusal, so nothing
+  // of it was done and it may be sent again at once.
+  bool Follow(const grpc::ClientContext& context,
+              const absl::Status& status) const;
+
+  // The leader calls go to, or "" while they go to the endpoints given.
+  std::string leader() const;
+
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  std::shared_ptr<grpc::Channel> channel_;
+  struct Route;
+  std::shared_ptr<Route> route_;
   std::string endpoint_;
   std::string token_;
   std::optional<MungeAuth> munge_;
@@ -119,7 +144,6 @@ class StoreClient {
   std::shared_ptr<Pipe> OpenPipe() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Connection connection_;
-  const std::unique_ptr<v1::Store::Stub> stub_;
   const std::string job_id_;
   const absl::Duration rpc_timeout_;
   absl::Mutex mu_;
@@ -136,14 +160,20 @@ class AdminClient {
   absl::StatusOr<v1::JobStatus> DescribeJob(const std::string& job_id);
 
  private:
+  // Calls `method` of a fresh stub; once more when a standby refused it
+  // (the connection now goes to the leader).
+  template <typename Response, typename Method>
+  absl::StatusOr<Response> Call(Method method);
+
   const Connection connection_;
-  const std::unique_ptr<v1::Admin::Stub> stub_;
   const absl::Duration rpc_timeout_;
 };
 
 // An agent's session: the join, then messages both ways until the server
 // ends it. Handlers run on gRPC's threads, one at a time per stream, and
-// must not block; `on_done` runs last, exactly once.
+// must not block; `on_done` runs last, exactly once, with `redirected` true
+// when a standby refused the stream (Connection::Follow): nothing of it was
+// done, and a stream opened now goes to the leader it named.
 //
 // Thread-safe. The destructor cancels the stream if it is still open and
 // waits until it is done.
@@ -151,7 +181,7 @@ class SessionStream {
  public:
   struct Handlers {
     std::function<void(const v1::ServerMessage&)> on_message;
-    std::function<void(const absl::Status&)> on_done;
+    std::function<void(const absl::Status&, bool redirected)> on_done;
   };
 
   // Opens the stream and sends `join` first. The stream waits for the

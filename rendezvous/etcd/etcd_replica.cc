@@ -139,6 +139,7 @@ bool EtcdReplica::Campaign(absl::Notification* stop) {
     auto response = client_->Txn(txn);
     if (response.ok() && response->succeeded()) {
       absl::MutexLock lock(&mu_);
+      seen_leader_.clear();
       leader_revision_ = response->header().revision();
       serve_until_ns_ = ToNs(lease_->valid_until());
       spdlog::info("leading, as {} (etcd revision {}, lease TTL {})",
@@ -154,6 +155,12 @@ bool EtcdReplica::Campaign(absl::Notification* stop) {
       const auto& kvs = response->responses(0).response_range().kvs();
       auto leader =
           kvs.empty() ? std::nullopt : ParseLeaderRecord(kvs[0].value());
+      {
+        absl::MutexLock lock(&mu_);
+        seen_leader_ = leader && leader->address != options_.address
+                           ? leader->address
+                           : std::string();
+      }
       now_said =
           absl::StrCat("standing by; ",
                        leader ? absl::StrCat("the leader is ", leader->address)
@@ -166,6 +173,12 @@ bool EtcdReplica::Campaign(absl::Notification* stop) {
     stop->WaitForNotificationWithTimeout(kPoll);
   }
   return false;
+}
+
+std::optional<std::string> EtcdReplica::Leader() {
+  absl::MutexLock lock(&mu_);
+  if (seen_leader_.empty()) return std::nullopt;
+  return seen_leader_;
 }
 
 bool EtcdReplica::MayServe() const {

@@ -78,6 +78,12 @@ class EtcdReplica {
   // that cannot be reached, saying so.
   bool Campaign(absl::Notification* stop);
 
+  // While standing by: the replica that leads, as the last look at
+  // PREFIX/leader (every 200 ms) found it; none before the first look, while
+  // none leads, and when the record is this replica's own (a lease that
+  // has not lapsed yet after it stepped down).
+  std::optional<std::string> Leader();
+
   // While leading: whether the lease still holds by this replica's clock
   // (ServerOptions::may_serve). Cheap: no call to etcd.
   bool MayServe() const;
@@ -111,6 +117,8 @@ class EtcdReplica {
   absl::Mutex mu_;
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<LeaderLease> lease_ ABSL_GUARDED_BY(mu_);
+  // Who leads, for Leader(); empty when unknown.
+  std::string seen_leader_ ABSL_GUARDED_BY(mu_);
   // The create revision of PREFIX/leader while this replica leads.
   int64_t leader_revision_ ABSL_GUARDED_BY(mu_) = 0;
   // LeaderLease::valid_until while leading, in ns of MonotonicNow; read

@@ -383,31 +383,6 @@ class AdminService final : public v1::Admin::CallbackService {
   Impl* const impl_;
 };
 
-absl::StatusOr<std::string> ReadFile(const std::string& path,
-                                     const char* what) {
-  return ReadUserFile(path, what, kMaxPemBytes);
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
-    const std::optional<TlsServerFiles>& tls) {
-  if (!tls) return grpc::InsecureServerCredentials();
-  auto cert = ReadFile(tls->cert_file, "TLS certificate");
-  if (!cert.ok()) return cert.status();
-  auto key = ReadFile(tls->key_file, "TLS key");
-  if (!key.ok()) return key.status();
-  grpc::SslServerCredentialsOptions ssl(
-      tls->client_ca_file.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  if (!tls->client_ca_file.empty()) {
-    auto ca = ReadFile(tls->client_ca_file, "TLS client CA");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
-  }
-  ssl.pem_key_cert_pairs.push_back({*key, *cert});
-  return grpc::SslServerCredentials(ssl);
-}
-
 }  // namespace
 
 absl::Status Impl::Start() {
@@ -418,7 +393,7 @@ absl::Status Impl::Start() {
                      " reaches beyond loopback, so a token is required "
                      "(ctrund --token-file FILE)"));
   }
-  auto credentials = MakeCredentials(options_.tls);
+  auto credentials = MakeServerCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
   {
     absl::MutexLock lock(&mu_);
@@ -433,19 +408,7 @@ absl::Status Impl::Start() {
   int port = 0;
   builder.AddListeningPort(options_.listen.ToString(), *credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
-  // gRPC sets SO_REUSEPORT by default, so a second service on a port in use
-  // would start and take half of the first one's connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // A dead peer's connection is noticed by TCP itself; these pings find
-  // connections that vanished without a reset (a partitioned host).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // A connection that never completes its handshake (a port scanner, a
-  // client that never speaks) is dropped after this, not gRPC's 120 s.
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
+  SetListenerArguments(&builder);
   services_.push_back(std::make_unique<RendezvousService>(this));
   services_.push_back(std::make_unique<StoreService>(this));
   services_.push_back(std::make_unique<AdminService>(this));

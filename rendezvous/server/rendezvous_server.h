@@ -25,14 +25,9 @@
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/monotonic_clock.h"
 #include "rendezvous/rpc/munge.h"
+#include "rendezvous/server/listener.h"
 
 namespace ctrun {
-
-struct TlsServerFiles {
-  std::string cert_file;       // PEM certificate chain
-  std::string key_file;        // PEM private key
-  std::string client_ca_file;  // when set, clients must present a cert
-};
 
 struct ServerOptions {
   // Port 0 picks a free port; endpoint() tells which.

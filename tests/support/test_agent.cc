@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       Print("failed reason=" + m.job_failed().reason());
     }
   };
-  handlers.on_done = [](const absl::Status& s) {
+  handlers.on_done = [](const absl::Status& s, bool) {
     Print("ended code=" + absl::StatusCodeToString(s.code()) +
           " message=" + std::string(s.message()));
   };

@@ -54,9 +54,9 @@ class Harness {
     effects_.clear();
     policy_.OnMessage(m, now_, &effects_);
   }
-  void SessionEnd(const absl::Status& status) {
+  void SessionEnd(const absl::Status& status, bool redirected = false) {
     effects_.clear();
-    policy_.OnSessionEnd(status, now_, &effects_);
+    policy_.OnSessionEnd(status, redirected, now_, &effects_);
   }
   void Signal(int signal, bool from_parent = false) {
     effects_.clear();
@@ -900,6 +900,31 @@ TEST_CASE("A terminating signal the parent delivered is not sent again",
   h.Signal(SIGTERM, /*from_parent=*/true);
   CHECK(h.Signals().empty());
   CHECK(h.policy().phase() == Phase::kStopping);
+}
+
+TEST_CASE(
+    "A session a standby replica sent on opens again at once, saying "
+    "nothing, and a later loss is still said",
+    "[agent][unit]") {
+  Harness h;
+  const absl::Status standby = absl::UnavailableError(
+      "the ctrund replica at 10.0.0.1:29400 stands by; the leader is "
+      "10.0.0.2:29400");
+  h.SessionEnd(standby, /*redirected=*/true);
+  CHECK_FALSE(h.Has<e::Say>());
+  CHECK(h.policy().link() == Link::kRetrying);
+  h.Advance(absl::ZeroDuration());
+  REQUIRE(h.Has<e::OpenSession>());
+  h.Message(Progress());
+  h.Assign(2, /*resumable=*/true);
+  h.SessionEnd(standby, /*redirected=*/true);
+  CHECK_FALSE(h.Has<e::Say>());
+  CHECK(h.Signals().empty());
+  h.Advance(absl::ZeroDuration());
+  REQUIRE(h.Has<e::OpenSession>());
+  CHECK(h.Get<e::OpenSession>().resume_round == 2);
+  h.SessionEnd(absl::UnavailableError("Socket closed"));
+  CHECK(h.Said("the workers keep running while ctrun reconnects (up to 1m)"));
 }
 
 // --- the rendezvous going away
