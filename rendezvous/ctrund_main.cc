@@ -25,6 +25,7 @@
 #include "rendezvous/client/client.h"
 #include "rendezvous/client/status_report.h"
 #include "rendezvous/core/job_settings.h"
+#include "rendezvous/durable/journal.h"
 #include "rendezvous/etcd/etcd_replica.h"
 #include "rendezvous/rpc/auth.h"
 #include "rendezvous/rpc/endpoint.h"
@@ -237,6 +238,7 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
     (*standby)->Shutdown();  // the port is the leader's now
     options.state_log = (*replica)->LogOpener(
         static_cast<size_t>(flags.etcd_max_request_bytes));
+    options.state_where = "etcd";
     options.may_serve = [r = replica->get()] { return r->MayServe(); };
     auto started = RendezvousServer::Start(std::move(options));
     if (!started.ok() && absl::IsFailedPrecondition(started.status())) {
@@ -338,13 +340,19 @@ int RunDaemon(const DaemonFlags& flags) {
     return Fail("--state-dir-repair needs --state-dir", kUsageError);
   }
   options.fsync = *fsync;
-  options.repair_state_dir = flags.state_dir_repair;
   if (!(flags.reconnect_grace_s > 0 && flags.reconnect_grace_s <= 86400)) {
     return Fail(absl::StrCat("--reconnect-grace ", flags.reconnect_grace_s,
                              " must be a number of seconds in (0, 86400]"),
                 kUsageError);
   }
-  options.state_dir = flags.state_dir;
+  if (!flags.state_dir.empty()) {
+    auto files = StateFilesFromEnvironment();
+    if (!files.ok()) return Fail(std::string(files.status().message()));
+    options.state_log = JournalOpener(flags.state_dir, flags.state_dir_repair,
+                                      *std::move(files));
+    options.state_where = absl::StrCat(flags.state_dir, "/journal (fsync ",
+                                       FsyncPolicyName(options.fsync), ")");
+  }
   options.reconnect_grace = absl::Seconds(flags.reconnect_grace_s);
   std::optional<Endpoint> metrics_listen;
   if (!flags.metrics_listen.empty()) {

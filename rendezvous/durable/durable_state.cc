@@ -28,25 +28,15 @@ absl::string_view FsyncPolicyName(FsyncPolicy policy) {
   return "?";
 }
 
-DurableState::DurableState(std::unique_ptr<StateFiles> files,
-                           std::unique_ptr<RecordLog> log, FsyncPolicy fsync)
-    : files_(std::move(files)), log_(std::move(log)), fsync_(fsync) {}
+DurableState::DurableState(std::unique_ptr<RecordLog> log, FsyncPolicy fsync)
+    : log_(std::move(log)), fsync_(fsync) {}
 
 absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(
     Options options, std::map<std::string, JournaledJob>* jobs) {
-  if (options.open_log) {
-    auto log = options.open_log(jobs);
-    if (!log.ok()) return log.status();
-    return std::unique_ptr<DurableState>(
-        new DurableState(nullptr, *std::move(log), options.fsync));
-  }
-  std::unique_ptr<StateFiles> files = std::move(options.files);
-  if (files == nullptr) files = NewPosixStateFiles();
-  auto journal =
-      Journal::Open({options.dir, files.get(), options.repair}, jobs);
-  if (!journal.ok()) return journal.status();
+  auto log = options.open_log(jobs);
+  if (!log.ok()) return log.status();
   return std::unique_ptr<DurableState>(
-      new DurableState(std::move(files), *std::move(journal), options.fsync));
+      new DurableState(*std::move(log), options.fsync));
 }
 
 absl::Status DurableState::Rewrite(

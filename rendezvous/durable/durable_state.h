@@ -32,9 +32,7 @@
 #include "ctrun/v1/journal.pb.h"
 #include "ctrun/v1/store.pb.h"
 #include "rendezvous/core/kv_store.h"
-#include "rendezvous/durable/journal.h"
 #include "rendezvous/durable/record_log.h"
-#include "rendezvous/durable/state_files.h"
 
 namespace ctrun {
 
@@ -47,22 +45,16 @@ absl::string_view FsyncPolicyName(FsyncPolicy policy);
 class DurableState {
  public:
   struct Options {
-    // The journal's directory; unused with `open_log`.
-    std::string dir;
     FsyncPolicy fsync = FsyncPolicy::kBatch;
-    bool repair = false;  // Journal::Options::repair
-    // The files to use; the real ones when null.
-    std::unique_ptr<StateFiles> files;
-    // When set, the records go to the log this opens instead of a journal
-    // in `dir` (ctrund --etcd).
+    // Where the records go: a journal (JournalOpener, journal.h) or etcd
+    // (ctrund --etcd, etcd_log.h).
     RecordLogOpener open_log;
   };
   // A job's state now, or none once it has ended.
   using Snapshot =
       std::function<std::optional<v1::JobSnapshot>(const std::string& id)>;
 
-  // Opens the log (Journal::Open or `open_log`) and reads its jobs into
-  // `*jobs`.
+  // Opens the log and reads its jobs into `*jobs`.
   static absl::StatusOr<std::unique_ptr<DurableState>> Open(
       Options options, std::map<std::string, JournaledJob>* jobs);
 
@@ -94,10 +86,8 @@ class DurableState {
   bool HasRoomFor(size_t bytes) const { return log_->HasRoomFor(bytes); }
 
  private:
-  DurableState(std::unique_ptr<StateFiles> files,
-               std::unique_ptr<RecordLog> log, FsyncPolicy fsync);
+  DurableState(std::unique_ptr<RecordLog> log, FsyncPolicy fsync);
 
-  const std::unique_ptr<StateFiles> files_;  // of a journal; null otherwise
   const std::unique_ptr<RecordLog> log_;
   const FsyncPolicy fsync_;
   std::set<std::string> unsaved_jobs_;

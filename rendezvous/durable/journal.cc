@@ -306,4 +306,16 @@ bool Journal::WantsRewrite() const {
   return appended_bytes_ > kRewriteAfterBytes && appended_bytes_ > base_bytes_;
 }
 
+RecordLogOpener JournalOpener(std::string dir, bool repair,
+                              std::shared_ptr<StateFiles> files) {
+  return [dir = std::move(dir), repair,
+          files = std::move(files)](std::map<std::string, JournaledJob>* jobs)
+             -> absl::StatusOr<std::unique_ptr<RecordLog>> {
+    auto journal = Journal::Open({dir, files.get(), repair}, jobs);
+    if (!journal.ok()) return journal.status();
+    (*journal)->owned_files_ = files;
+    return std::unique_ptr<RecordLog>(*std::move(journal));
+  };
+}
+
 }  // namespace ctrun

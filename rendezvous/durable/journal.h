@@ -59,6 +59,13 @@ struct JournalContents {
 // next offset where a whole record starts.
 JournalContents ReadJournal(absl::string_view bytes);
 
+class Journal;
+
+// Opens the journal in `dir` on `files` (Journal::Open; the journal keeps
+// `files`), for DurableState and the service (ServerOptions::state_log).
+RecordLogOpener JournalOpener(std::string dir, bool repair,
+                              std::shared_ptr<StateFiles> files);
+
 class Journal : public RecordLog {
  public:
   struct Options {
@@ -108,6 +115,10 @@ class Journal : public RecordLog {
   const std::string dir_;
   StateFiles* const files_;
   const int lock_fd_;
+  // The files it owns (JournalOpener); null when the caller does.
+  std::shared_ptr<StateFiles> owned_files_;
+  friend RecordLogOpener JournalOpener(std::string dir, bool repair,
+                                       std::shared_ptr<StateFiles> files);
   // Where the last whole record ends, and where the last Commit left it.
   uint64_t end_ = 0;
   uint64_t committed_ = 0;

@@ -569,23 +569,11 @@ void Impl::OnSessionDone(SessionId id) {
 }
 
 absl::Status Impl::RestoreLocked() {
-  if (options_.state_dir.empty() && !options_.state_log) {
-    return absl::OkStatus();
-  }
+  if (!options_.state_log) return absl::OkStatus();
   DurableState::Options durable_options;
-  durable_options.dir = options_.state_dir;
   durable_options.fsync = options_.fsync;
-  durable_options.repair = options_.repair_state_dir;
-  const std::string where = options_.state_log
-                                ? std::string("etcd")
-                                : absl::StrCat(options_.state_dir, "/journal");
-  if (options_.state_log) {
-    durable_options.open_log = options_.state_log;
-  } else {
-    auto files = StateFilesFromEnvironment();
-    if (!files.ok()) return files.status();
-    durable_options.files = *std::move(files);
-  }
+  durable_options.open_log = options_.state_log;
+  const std::string& where = options_.state_where;
   std::map<std::string, JournaledJob> jobs;
   auto durable = DurableState::Open(std::move(durable_options), &jobs);
   if (!durable.ok()) return durable.status();
@@ -608,12 +596,9 @@ absl::Status Impl::RestoreLocked() {
   }
   durable_ = *std::move(durable);
   if (auto s = durable_->Rewrite(core_.Checkpoint()); !s.ok()) return s;
-  spdlog::info(
-      "state in {}: {} jobs restored, {} nodes have {} to resume",
-      options_.state_log ? where
-                         : absl::StrCat(options_.state_dir, " (fsync ",
-                                        FsyncPolicyName(options_.fsync), ")"),
-      jobs.size(), nodes, absl::FormatDuration(options_.reconnect_grace));
+  spdlog::info("state in {}: {} jobs restored, {} nodes have {} to resume",
+               where, jobs.size(), nodes,
+               absl::FormatDuration(options_.reconnect_grace));
   return absl::OkStatus();
 }
 

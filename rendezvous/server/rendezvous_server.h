@@ -42,13 +42,15 @@ struct ServerOptions {
   // When set, the service speaks TLS.
   std::optional<TlsServerFiles> tls;
   RendezvousLimits limits;
-  // When set, jobs, rounds and store contents are journaled there
-  // (journal.h) and restored by the next service started with it: agents
-  // resume without restarting their workers.
-  std::string state_dir;
-  // Instead of a state directory: the log that keeps them, restored from
-  // when the service starts (ctrund --etcd, etcd_log.h).
+  // When set, jobs, rounds and store contents are kept in the log this
+  // opens, and restored from it when the service starts: agents resume
+  // without restarting their workers. A journal in a state directory
+  // (ctrund --state-dir, JournalOpener in journal.h) or etcd (ctrund
+  // --etcd, etcd_log.h); the service itself links neither.
   RecordLogOpener state_log;
+  // What that log is, for the service's log lines ("DIR (fsync batch)",
+  // "etcd").
+  std::string state_where;
   // When set, asked before each request is served: false refuses it with
   // UNAVAILABLE (a ctrund whose etcd lease may have lapsed; it steps down
   // on its own).
@@ -60,8 +62,6 @@ struct ServerOptions {
   std::shared_ptr<EventLog> event_log;
   // When store changes and job states are synced (durable_state.h).
   FsyncPolicy fsync = FsyncPolicy::kBatch;
-  // Start from a journal damaged before its end (Journal::Options::repair).
-  bool repair_state_dir = false;
   // How long restored nodes have to resume before they count as lost.
   absl::Duration reconnect_grace = absl::Seconds(10);
   // The largest request the transport accepts; larger ones fail with

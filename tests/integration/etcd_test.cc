@@ -509,8 +509,9 @@ TEST_CASE(
   }
   JoinSpec spec;
   spec.job = kJob;
-  SessionProbe node(*Connection::Open({.endpoint = leader_endpoint}),
-                    MakeJoin(spec));
+  ConnectionOptions to_leader;
+  to_leader.endpoint = leader_endpoint;
+  SessionProbe node(*Connection::Open(to_leader), MakeJoin(spec));
   REQUIRE(node.NextAssignment(kWait));
   // An Add is not repeatable: it is done once, by the leader, although
   // its first stream went to the standby.

@@ -260,7 +260,7 @@ TEST_CASE("What was committed outlives a machine crash unless fsync=never",
   FaultInjectingFiles* files = owned.get();
   std::map<std::string, JournaledJob> jobs;
   auto state = DurableState::Open(
-      {dir.path, policy, false, std::move(owned), nullptr}, &jobs);
+      {policy, JournalOpener(dir.path, false, std::move(owned))}, &jobs);
   REQUIRE(state.ok());
   (*state)->SaveJobs({"a"}, [](const std::string& id) {
     return std::optional<v1::JobSnapshot>(JobAt(id, 0).job());
@@ -290,7 +290,8 @@ TEST_CASE(
   FaultInjectingFiles* files = owned.get();
   std::map<std::string, JournaledJob> jobs;
   auto state = DurableState::Open(
-      {dir.path, FsyncPolicy::kBatch, false, std::move(owned), nullptr}, &jobs);
+      {FsyncPolicy::kBatch, JournalOpener(dir.path, false, std::move(owned))},
+      &jobs);
   REQUIRE(state.ok());
   auto snapshot = [](const std::string& id) {
     return std::optional<v1::JobSnapshot>(JobAt(id, 0).job());
