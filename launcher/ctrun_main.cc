@@ -296,17 +296,10 @@ int RunStatus(const CommandLine& command, const EnvMap& env) {
   spdlog::set_level(spdlog::level::off);
   RouteGrpcLogsToSpdlog();
   AdminClient admin(*connection);
-  absl::StatusOr<v1::ListJobsResponse> jobs;
-  if (command.slurm_job) {
-    // The allocation's rendezvous serves the step that trains, whose id
-    // this step does not know: it shows what it holds.
-    jobs = admin.ListJobs();
-  } else if (auto job = admin.DescribeJob(options.run_id); job.ok()) {
-    jobs.emplace();
-    *jobs->add_jobs() = *std::move(job);
-  } else {
-    jobs = job.status();
-  }
+  // The allocation's rendezvous serves the step that trains, whose id this
+  // step does not know: it shows what it holds.
+  auto jobs =
+      FetchJobs(admin, command.slurm_job ? std::string() : options.run_id);
   const std::string which = command.slurm_job
                                 ? std::string("job of this Slurm allocation")
                                 : absl::StrCat("job '", options.run_id, "'");
@@ -330,11 +323,7 @@ int RunStatus(const CommandLine& command, const EnvMap& env) {
                              " about ", which, ": ", jobs.status().message()),
                 1);
   }
-  if (command.json) {
-    std::cout << FormatJobsJson(*jobs);
-  } else {
-    std::cout << FormatJobs({jobs->jobs().begin(), jobs->jobs().end()});
-  }
+  PrintJobs(*jobs, command.json, *connection, endpoint, std::cout, std::cerr);
   return 0;
 }
 

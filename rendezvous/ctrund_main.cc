@@ -508,32 +508,15 @@ int RunStatus(const StatusFlags& flags, bool endpoint_given) {
                 kUsageError);
   }
   AdminClient admin(*connection);
-  v1::ListJobsResponse jobs;
-  if (flags.job.empty()) {
-    auto listed = admin.ListJobs();
-    if (!listed.ok()) {
-      return Fail(absl::StrCat("cannot list jobs at ", endpoint, ": ",
-                               listed.status().ToString()));
-    }
-    jobs = std::move(*listed);
-  } else {
-    auto job = admin.DescribeJob(flags.job);
-    if (!job.ok()) {
-      return Fail(absl::StrCat("cannot describe job '", flags.job, "' at ",
-                               endpoint, ": ", job.status().ToString()));
-    }
-    *jobs.add_jobs() = std::move(*job);
+  auto jobs = FetchJobs(admin, flags.job);
+  if (!jobs.ok()) {
+    return Fail(absl::StrCat(
+        flags.job.empty()
+            ? std::string("cannot list jobs")
+            : absl::StrCat("cannot describe job '", flags.job, "'"),
+        " at ", endpoint, ": ", jobs.status().ToString()));
   }
-  if (const std::string leader = connection->leader(); !leader.empty()) {
-    // A standby sent the calls on: say so, off the JSON if asked for.
-    (flags.json ? std::cerr : std::cout)
-        << "leader: " << leader << " (" << endpoint << " stands by)\n";
-  }
-  if (flags.json) {
-    std::cout << FormatJobsJson(jobs);
-  } else {
-    std::cout << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
-  }
+  PrintJobs(*jobs, flags.json, *connection, endpoint, std::cout, std::cerr);
   return 0;
 }
 

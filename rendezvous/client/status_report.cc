@@ -132,4 +132,28 @@ std::string FormatJobsJson(const v1::ListJobsResponse& jobs) {
   return json;
 }
 
+absl::StatusOr<v1::ListJobsResponse> FetchJobs(AdminClient& admin,
+                                               const std::string& job) {
+  if (job.empty()) return admin.ListJobs();
+  auto described = admin.DescribeJob(job);
+  if (!described.ok()) return described.status();
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = *std::move(described);
+  return jobs;
+}
+
+void PrintJobs(const v1::ListJobsResponse& jobs, bool json,
+               const Connection& connection, const std::string& asked,
+               std::ostream& out, std::ostream& notes) {
+  if (const std::string leader = connection.leader(); !leader.empty()) {
+    (json ? notes : out) << "leader: " << leader << " (" << asked
+                         << " stands by)\n";
+  }
+  if (json) {
+    out << FormatJobsJson(jobs);
+  } else {
+    out << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
+  }
+}
+
 }  // namespace ctrun

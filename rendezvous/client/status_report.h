@@ -1,11 +1,15 @@
-// Human-readable views of the service's jobs, for `ctrund status`.
+// The service's jobs as `ctrun status` and `ctrund status` ask for and
+// print them.
 #ifndef CTRUN_RENDEZVOUS_CLIENT_STATUS_REPORT_H_
 #define CTRUN_RENDEZVOUS_CLIENT_STATUS_REPORT_H_
 
+#include <ostream>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "ctrun/v1/admin.pb.h"
+#include "rendezvous/client/client.h"
 
 namespace ctrun {
 
@@ -17,6 +21,19 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs);
 // ("round": 3), as tools reading the status expect; the counts and ages
 // they hold stay far below 2^53.
 std::string FormatJobsJson(const v1::ListJobsResponse& jobs);
+
+// The jobs the service behind `admin` holds: `job` alone (its NOT_FOUND
+// when the service holds no such job), or every job when `job` is empty.
+absl::StatusOr<v1::ListJobsResponse> FetchJobs(AdminClient& admin,
+                                               const std::string& job);
+
+// Writes `jobs` to `out`, as FormatJobs or, with `json`, FormatJobsJson.
+// When a standby replica sent the calls on (Connection::leader), a line
+// "leader: B (A stands by)" comes first, A being `asked`; with `json` it
+// goes to `notes` instead, so that `out` holds JSON only.
+void PrintJobs(const v1::ListJobsResponse& jobs, bool json,
+               const Connection& connection, const std::string& asked,
+               std::ostream& out, std::ostream& notes);
 
 }  // namespace ctrun
 
