@@ -10,6 +10,13 @@
 //
 // Not thread-safe: the owner serialises all calls.
 //
+// Written as one file per concern: rendezvous_core.cc (messages in, the
+// clock, the store), _join.cc (joins, resumes, rejoins, reports, nodes
+// leaving), _rounds.cc (rounds opening and closing, jobs failing and
+// finishing, progress), _status.cc (a job as seen from outside),
+// _restore.cc (snapshots, checkpoints, restore); rendezvous_core_state.h
+// is the state they share.
+//
 // Semantics (DESIGN.md, "Rendezvous semantics"):
 // - A job is created by its first join and keeps its settings.
 // - A round closes when max_nodes have joined; or when at least min_nodes

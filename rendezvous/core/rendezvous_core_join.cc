@@ -1,0 +1,427 @@
+// Joins, resumes, rejoins, reports, and nodes leaving.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "rendezvous/core/job_settings.h"
+#include "rendezvous/core/rendezvous_core.h"
+#include "rendezvous/core/rendezvous_core_state.h"
+
+namespace ctrun {
+
+using core_internal::AddEvent;
+using core_internal::DescribeFailure;
+using core_internal::kMaxLearnedSections;
+using core_internal::kMaxLostShown;
+using core_internal::kMaxSectionBytes;
+using core_internal::ValidateJoin;
+
+void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
+                            absl::Time now, Effects* effects) {
+  auto refuse = [&](absl::Status status) {
+    effects->finishes.emplace_back(session, std::move(status));
+  };
+  auto settings = ResolveJobSettings(join.settings());
+  if (!settings.ok()) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("job settings refused: ", settings.status().message())));
+  }
+  if (auto s = ValidateJoin(join, settings->master_port() > 0); !s.ok()) {
+    return refuse(s);
+  }
+
+  auto it = jobs_.find(join.job_id());
+  if (it == jobs_.end()) {
+    if (jobs_.size() >= limits_.max_jobs) {
+      return refuse(absl::ResourceExhaustedError(
+          absl::StrCat("the service holds ", jobs_.size(),
+                       " jobs; the limit is ", limits_.max_jobs)));
+    }
+    auto job = std::make_unique<Job>(limits_.store, &store_budget_);
+    job->id = join.job_id();
+    job->settings = *settings;
+    job->round_opened = now;
+    job->created = now;
+    it = jobs_.emplace(job->id, std::move(job)).first;
+    effects->changed_jobs.push_back(join.job_id());
+    AddEvent(it->second->id, 0, "round_opened", effects).set_reason("first");
+  }
+  Job& job = *it->second;
+  if (std::string diff = DescribeSettingsDifference(job.settings, *settings);
+      !diff.empty()) {
+    return refuse(
+        absl::InvalidArgumentError(absl::StrCat("join refused: job '", job.id,
+                                                "' exists with other "
+                                                "settings: ",
+                                                diff)));
+  }
+  if (job.phase == v1::JobStatus::FINISHED ||
+      job.phase == v1::JobStatus::FAILED) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id, "' has already ",
+        job.phase == v1::JobStatus::FINISHED ? "finished" : "failed",
+        "; use a new rendezvous id for a new run")));
+  }
+  if (job.nodes.size() >= static_cast<size_t>(kMaxNodesPerJob)) {
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat("job '", job.id, "' has ", job.nodes.size(),
+                     " nodes; the limit is ", kMaxNodesPerJob)));
+  }
+  if (auto it = job.by_incarnation.find(join.node().incarnation());
+      it != job.by_incarnation.end()) {
+    return refuse(absl::AlreadyExistsError(absl::StrCat(
+        "node incarnation ", join.node().incarnation(), " is already in job '",
+        job.id, "' as ", job.nodes.at(it->second).Name())));
+  }
+  if (auto it = job.by_hint.find(join.node_rank_hint());
+      join.node_rank_hint() >= 0 && it != job.by_hint.end()) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("node rank ", join.node_rank_hint(), " of job '", job.id,
+                     "' is held by ", job.nodes.at(it->second).Name(),
+                     "; each node needs its own")));
+  }
+
+  const int32_t max_nodes = job.settings.max_nodes();
+  if (job.phase == v1::JobStatus::RUNNING &&
+      static_cast<int32_t>(job.ranked.size()) >= max_nodes &&
+      job.settings.min_nodes() == max_nodes) {
+    // Nothing can admit it but the loss of a member, and a fixed-size job
+    // keeps no spares: most likely a second run under the same id.
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job.id, "' is full: its ", max_nodes,
+        max_nodes == 1 ? " node runs" : " nodes run", " (--nnodes=", max_nodes,
+        ") and a job of fixed size keeps no spare nodes; give this run its "
+        "own --rdzv_id, or the job --nnodes=MIN:MAX")));
+  }
+
+  Node& node = job.AddNode(session, join);
+  node.last_seen = now;
+  AddEvent(job.id, job.round, "node_joined", effects).set_node(node.Name());
+  session_jobs_[session] = job.id;
+  job.forget_at = absl::InfiniteFuture();
+  job.lease_check = std::min(job.lease_check, now + job.heartbeat_timeout());
+
+  if (job.phase == v1::JobStatus::COLLECTING) {
+    AdmitToCollectingRound(job, node, now, effects);
+    MaybeCloseRound(job, now, effects);
+    return;
+  }
+  // The job runs: the node waits for the next round, which a free slot opens
+  // at once (scale-up); an elastic job at its maximum keeps it as a spare.
+  job.SetState(node, v1::NodeStatus::WAITING);
+  if (static_cast<int>(job.ranked.size()) < max_nodes) {
+    OpenNextRound(job, v1::RestartRequired::NODE_WAITING,
+                  absl::StrCat(node.Name(), " joined; admitting it"), now,
+                  effects);
+    return;
+  }
+  v1::ServerMessage m;
+  *m.mutable_progress() = MakeProgress(job, &node, now);
+  effects->messages.emplace_back(session, std::move(m));
+}
+
+void RendezvousCore::OnResume(SessionId session, const v1::Join& join,
+                              absl::Time now, Effects* effects) {
+  const int64_t round = join.resume().round();
+  auto refuse = [&](absl::string_view why) {
+    effects->finishes.emplace_back(
+        session, absl::NotFoundError(absl::StrCat(
+                     "cannot resume node incarnation ",
+                     join.node().incarnation(), " in round ", round,
+                     " of job '", join.job_id(), "': ", why, "; join afresh")));
+  };
+  auto it = jobs_.find(join.job_id());
+  if (it == jobs_.end()) {
+    return refuse(
+        "the service does not hold the job (it restarted without "
+        "--state-dir, or the job ended)");
+  }
+  Job& job = *it->second;
+  auto inc = job.by_incarnation.find(join.node().incarnation());
+  if (inc == job.by_incarnation.end() || inc->second < kDetachedSessions) {
+    return refuse("the job has no such node waiting to resume");
+  }
+  if (round != job.round) {
+    return refuse(absl::StrCat("the job is at round ", job.round));
+  }
+  const SessionId detached = inc->second;
+  job.Rekey(detached, session);
+  session_jobs_.erase(detached);
+  session_jobs_[session] = job.id;
+  Node& node = job.nodes.at(session);
+  node.last_seen = now;
+
+  v1::ServerMessage m;
+  m.mutable_resumed()->set_round(job.round);
+  effects->messages.emplace_back(session, std::move(m));
+  // What the node missed while it was away.
+  v1::ServerMessage end;
+  if (job.phase == v1::JobStatus::FINISHED) {
+    end.mutable_job_finished()->set_round(job.round);
+  } else if (job.phase == v1::JobStatus::FAILED) {
+    auto* f = end.mutable_job_failed();
+    f->set_round(job.round);
+    f->set_reason(job.failure);
+    f->set_job_id(job.id);
+  }
+  if (end.kind_case() != v1::ServerMessage::KIND_NOT_SET) {
+    effects->messages.emplace_back(session, std::move(end));
+  }
+}
+
+void RendezvousCore::AdmitToCollectingRound(Job& job, Node& node,
+                                            absl::Time now, Effects* effects) {
+  job.SetState(node, v1::NodeStatus::JOINED);
+  node.group_rank = -1;
+  node.first_global_rank = -1;
+  if (job.CountIn(v1::NodeStatus::JOINED) >= job.settings.min_nodes()) {
+    job.last_call_deadline =
+        now + absl::Milliseconds(job.settings.last_call_timeout_ms());
+  }
+  job.progress_due = true;
+  if (job.round == 0) RefreshOthersWaiting(job);
+  v1::ServerMessage m;
+  *m.mutable_progress() = MakeProgress(job, &node, now);
+  effects->messages.emplace_back(node.session, std::move(m));
+}
+
+void RendezvousCore::OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
+                              absl::Time now, Effects* effects) {
+  if (node.state != v1::NodeStatus::PENDING_REJOIN ||
+      rejoin.round() != node.rejoin_round) {
+    Evict(job, node.session,
+          absl::AbortedError(absl::StrCat(
+              "rejoin for round ", rejoin.round(), " refused: job '", job.id,
+              "' is at round ", job.round, " and did not ask ", node.Name(),
+              " to rejoin that round")),
+          now, effects);
+    return;
+  }
+  if (job.settings.master_port() == 0 &&
+      (rejoin.master_port_candidate() < 1 ||
+       rejoin.master_port_candidate() > 65535)) {
+    Evict(job, node.session,
+          absl::InvalidArgumentError(absl::StrCat(
+              "master_port_candidate ", rejoin.master_port_candidate(),
+              " is not a port (1..65535)")),
+          now, effects);
+    return;
+  }
+  node.join.set_master_port_candidate(rejoin.master_port_candidate());
+  node.rejoin_round = -1;
+  if (job.phase == v1::JobStatus::COLLECTING) {
+    AdmitToCollectingRound(job, node, now, effects);
+    MaybeCloseRound(job, now, effects);
+    return;
+  }
+  // The round closed without this node (it was slow to stop its workers):
+  // it comes in like a new node.
+  job.SetState(node, v1::NodeStatus::WAITING);
+  node.previous_group_rank = -1;
+  if (static_cast<int>(job.ranked.size()) < job.settings.max_nodes()) {
+    OpenNextRound(job, v1::RestartRequired::NODE_WAITING,
+                  absl::StrCat(node.Name(), " rejoined late; admitting it"),
+                  now, effects);
+  }
+}
+
+void RendezvousCore::OnWorkerReport(Job& job, Node& node,
+                                    const v1::WorkerReport& report,
+                                    absl::Time now, Effects* effects) {
+  if (report.round() > job.round) {
+    Evict(job, node.session,
+          absl::InvalidArgumentError(absl::StrCat(
+              "worker report for round ", report.round(), " of job '", job.id,
+              "', which is only at round ", job.round)),
+          now, effects);
+    return;
+  }
+  // Reports of an ended round raced with its end and change nothing.
+  if (report.round() < job.round || job.phase != v1::JobStatus::RUNNING ||
+      node.state != v1::NodeStatus::ACTIVE) {
+    return;
+  }
+  switch (report.state()) {
+    case v1::WorkerReport::RUNNING:
+      node.workers_running = true;
+      return;
+    case v1::WorkerReport::SUCCEEDED:
+      job.SetState(node, v1::NodeStatus::SUCCEEDED);
+      node.workers_running = false;
+      // Not journaled: a node restored as active says again that it
+      // succeeded when it resumes, and a 1000-node job would otherwise
+      // sync its journal 1000 times as it ends.
+      MaybeFinishJob(job, now, effects);
+      return;
+    case v1::WorkerReport::FAILED: {
+      node.workers_running = false;
+      const v1::WorkerFailure& failure = report.failure();
+      const bool hung = failure.hung();
+      {
+        v1::Event& e = AddEvent(
+            job.id, job.round, hung ? "worker_hung" : "worker_failed", effects);
+        e.set_node(node.Name());
+        e.set_rank(failure.global_rank());
+        e.set_local_rank(failure.local_rank());
+        if (!hung) e.set_exit_code(failure.exit_code());
+        if (failure.signal() != 0) e.set_signal(failure.signal());
+        if (!failure.message().empty()) e.set_detail(failure.message());
+      }
+      if (job.pending_failure) return;  // the first failure decides
+      const std::string what = DescribeFailure(node.Name(), failure);
+      if (job.restart_count >= job.settings.max_restarts()) {
+        const std::string reason =
+            absl::StrCat(what, "; no restarts left (max_restarts=",
+                         job.settings.max_restarts(), ")");
+        job.failure_hung = hung;
+        // With one node there is no other node whose loss could explain it.
+        if (job.settings.max_nodes() == 1) {
+          FailJob(job, reason, now, effects);
+          return;
+        }
+        job.pending_failure =
+            Job::PendingFailure{reason, now + limits_.failure_settle_time};
+        return;
+      }
+      ++job.restart_count;
+      job.failure_restart_round = job.round;
+      job.failure_restart_at = now;
+      OpenNextRound(job,
+                    hung ? v1::RestartRequired::WORKER_HUNG
+                         : v1::RestartRequired::WORKER_FAILED,
+                    absl::StrCat(what, "; restart ", job.restart_count, " of ",
+                                 job.settings.max_restarts()),
+                    now, effects);
+      return;
+    }
+    default:
+      Evict(job, node.session,
+            absl::InvalidArgumentError("worker report without a state"), now,
+            effects);
+      return;
+  }
+}
+
+void RendezvousCore::OnProgressReport(Job& job, Node& node,
+                                      const v1::ProgressReport& report,
+                                      absl::Time now, Effects* effects) {
+  if (report.round() != job.round || job.phase != v1::JobStatus::RUNNING ||
+      node.state != v1::NodeStatus::ACTIVE) {
+    return;
+  }
+  v1::ServerMessage grown;
+  for (const v1::LearnedInterval& l : report.longest()) {
+    if (l.longest_ms() <= 0 || l.section().size() > kMaxSectionBytes) continue;
+    auto it = job.longest_ms.find(l.section());
+    if (it == job.longest_ms.end()) {
+      if (job.longest_ms.size() >= kMaxLearnedSections) continue;
+      it = job.longest_ms.emplace(l.section(), 0).first;
+    }
+    if (l.longest_ms() <= it->second) continue;
+    it->second = l.longest_ms();
+    *grown.mutable_learned()->add_longest() = l;
+  }
+  if (grown.has_learned()) {
+    effects->changed_jobs.push_back(job.id);
+    for (SessionId member : job.ranked) {
+      effects->messages.emplace_back(member, grown);
+    }
+  }
+  // A node reports its own ranks only.
+  const int32_t first = node.first_global_rank;
+  const int32_t end = first + node.join.local_world_size();
+  for (const v1::RankPace& pace : report.paces()) {
+    if (pace.rank() < first || pace.rank() >= end) continue;
+    auto straggler = job.stragglers.Observe(pace, node.Name(), now);
+    if (!straggler || job.ranked.empty()) continue;
+    v1::ServerMessage m;
+    *m.mutable_straggler() = *std::move(straggler);
+    effects->messages.emplace_back(job.ranked.front(), std::move(m));
+  }
+}
+
+void RendezvousCore::OnSessionClosed(SessionId session, absl::Time now,
+                                     Effects* effects) {
+  if (auto it = silent_deadline_.find(session); it != silent_deadline_.end()) {
+    silent_.erase({it->second, session});
+    silent_deadline_.erase(it);
+  }
+  auto sit = session_jobs_.find(session);
+  if (sit == session_jobs_.end()) return;
+  RemoveNode(*jobs_.at(sit->second), session, "its session closed", now,
+             effects);
+}
+
+void RendezvousCore::Evict(Job& job, SessionId session,
+                           const absl::Status& status, absl::Time now,
+                           Effects* effects) {
+  effects->finishes.emplace_back(session, status);
+  RemoveNode(job, session, std::string(status.message()), now, effects);
+}
+
+void RendezvousCore::RemoveNode(Job& job, SessionId session,
+                                const std::string& why, absl::Time now,
+                                Effects* effects) {
+  session_jobs_.erase(session);
+  const Node node = job.TakeNode(session);
+  const bool running = job.phase == v1::JobStatus::RUNNING;
+  const bool collecting = job.phase == v1::JobStatus::COLLECTING;
+  const bool member = node.state == v1::NodeStatus::ACTIVE ||
+                      node.state == v1::NodeStatus::PENDING_REJOIN ||
+                      (node.state == v1::NodeStatus::JOINED && job.round > 0 &&
+                       node.previous_group_rank >= 0);
+  const bool succeeded = running && node.state == v1::NodeStatus::SUCCEEDED;
+  if ((running || collecting) && (member || succeeded)) {
+    job.lost.push_back(
+        absl::StrCat(node.Name(), " (", why,
+                     succeeded ? ", after its workers succeeded)" : ")"));
+    if (job.lost.size() > kMaxLostShown) job.lost.pop_front();
+  }
+  if (succeeded) job.succeeded_and_left.insert(session);
+  {
+    const bool lost = (running || collecting) && member;
+    v1::Event& e =
+        AddEvent(job.id, job.round, lost ? "node_lost" : "node_left", effects);
+    e.set_node(node.Name());
+    e.set_reason(why);
+  }
+
+  if (job.nodes.empty()) {
+    ForgetJob(job.id, effects);
+    return;
+  }
+  if (running && node.state == v1::NodeStatus::ACTIVE) {
+    // A worker failure just before was this loss's consequence.
+    job.pending_failure.reset();
+    OpenNextRound(job, v1::RestartRequired::NODE_LOST,
+                  absl::StrCat("node ", node.Name(), " was lost: ", why), now,
+                  effects);
+    return;
+  }
+  if (collecting && node.state == v1::NodeStatus::PENDING_REJOIN &&
+      job.failure_restart_round == job.round - 1 &&
+      now - job.failure_restart_at <= limits_.failure_settle_time) {
+    // The round was opened for a worker failure, but a node of that round
+    // was lost too: the failure was the loss's consequence, so its restart
+    // is given back.
+    --job.restart_count;
+    job.failure_restart_round = -1;
+    job.refund_reason = absl::StrCat(
+        "the restart spent on a worker failure in round ", job.round - 1,
+        " was given back: node ", node.Name(), " of that round was lost (", why,
+        "), and the failure was its consequence");
+    effects->changed_jobs.push_back(job.id);
+    v1::Event& e = AddEvent(job.id, job.round, "restart_refunded", effects);
+    e.set_detail(job.refund_reason);
+    e.set_restart_count(job.restart_count);
+  }
+  if (collecting) {
+    if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
+      job.last_call_deadline = absl::InfiniteFuture();
+    }
+    job.progress_due = true;
+    if (job.round == 0) RefreshOthersWaiting(job);
+    MaybeCloseRound(job, now, effects);
+  }
+}
+
+}  // namespace ctrun
