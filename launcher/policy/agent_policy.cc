@@ -879,6 +879,16 @@ int AgentPolicy::ExitCode(AgentEffects* effects) const {
 
 void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
   if (phase_ == Phase::kDone) return;
+  if (!TickLink(now, effects)) return;
+  if (now >= ProgressDue()) PrintProgress(now, effects);
+  if (now >= evidence_deadline_) EndEvidence(now, effects);
+  TickProgress(now, effects);
+  TickFileTimers(now, effects);
+  TickSession(now, effects);
+  TickStopping(now, effects);
+}
+
+bool AgentPolicy::TickLink(absl::Time now, AgentEffects* effects) {
   if (now >= first_answer_deadline_) {
     Tell(absl::StrCat("no answer from the rendezvous at ", config_.endpoint,
                       " within the join timeout of ",
@@ -887,7 +897,7 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
          effects);
     CloseLink(effects);
     End(Ending::kLost, now, effects);
-    return;
+    return false;
   }
   if (now >= probe_at_) {
     probe_at_ = now + kProbeEvery;
@@ -901,10 +911,12 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
          effects);
     CloseLink(effects);
     End(Ending::kLost, now, effects);
-    if (phase_ == Phase::kDone) return;
+    if (phase_ == Phase::kDone) return false;
   }
-  if (now >= ProgressDue()) PrintProgress(now, effects);
-  if (now >= evidence_deadline_) EndEvidence(now, effects);
+  return true;
+}
+
+void AgentPolicy::TickProgress(absl::Time now, AgentEffects* effects) {
   if (phase_ == Phase::kRunning && now >= monitor_.NextPoll()) {
     monitor_.Polled(now);
     effects->push_back(agent_effect::ReadProgress{});
@@ -918,6 +930,9 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
       effects->push_back(Send{std::move(m)});
     }
   }
+}
+
+void AgentPolicy::TickFileTimers(absl::Time now, AgentEffects* effects) {
   for (FileTimers::Expired& x : timers_.TakeExpired(now)) {
     if (phase_ != Phase::kRunning) continue;
     // A stop signal would leave the job waiting for ever on a worker that
@@ -940,6 +955,9 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
       effects->push_back(agent_effect::KillTimedOut{x.pid, x.signal, x.scope});
     }
   }
+}
+
+void AgentPolicy::TickSession(absl::Time now, AgentEffects* effects) {
   if (now >= reopen_at_) {
     reopen_at_ = absl::InfiniteFuture();
     OpenSession(reopen_round_, now, effects);
@@ -950,6 +968,9 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
     effects->push_back(Send{std::move(m)});
     next_heartbeat_ = now + config_.options.keep_alive_interval;
   }
+}
+
+void AgentPolicy::TickStopping(absl::Time now, AgentEffects* effects) {
   if (now >= kill_deadline_) {
     kill_deadline_ = absl::InfiniteFuture();
     for (const Worker& w : workers_) {

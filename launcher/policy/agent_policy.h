@@ -360,6 +360,17 @@ class AgentPolicy {
   void OnStopped(absl::Time now, AgentEffects* effects);
   int ExitCode(AgentEffects* effects) const;
 
+  // Tick's parts, in its order. TickLink: the join and reconnect
+  // deadlines and the probe; false when the agent ended. TickProgress: the
+  // board's poll and the progress report. TickFileTimers: torchrun's
+  // expired timers. TickSession: reopening the session, heartbeats.
+  // TickStopping: SIGKILL after the shutdown timeout, then giving up.
+  bool TickLink(absl::Time now, AgentEffects* effects);
+  void TickProgress(absl::Time now, AgentEffects* effects);
+  void TickFileTimers(absl::Time now, AgentEffects* effects);
+  void TickSession(absl::Time now, AgentEffects* effects);
+  void TickStopping(absl::Time now, AgentEffects* effects);
+
   // The session broke; `why` for the operator. `redirected`: a standby
   // sent it to the leader, which is no news: at once and quietly.
   void Reconnect(Link link, const absl::Status& why, bool redirected,
