@@ -178,6 +178,16 @@ class RendezvousCore {
 
   void OnJoin(SessionId session, const v1::Join& join, absl::Time now,
               Effects* effects);
+  // OnJoin's parts. JobForJoin: the job `join` names, created if new, or
+  // why the join is refused (bad settings or fields, other settings, an
+  // ended job, too many jobs). CheckRoomFor: whether the job can take the
+  // node (limits, a duplicate incarnation or rank hint, a full fixed-size
+  // job). AdmitNode: the node joins the collecting round, or waits.
+  absl::StatusOr<Job*> JobForJoin(const v1::Join& join, absl::Time now,
+                                  Effects* effects);
+  absl::Status CheckRoomFor(const Job& job, const v1::Join& join) const;
+  void AdmitNode(Job& job, SessionId session, const v1::Join& join,
+                 absl::Time now, Effects* effects);
   void OnResume(SessionId session, const v1::Join& join, absl::Time now,
                 Effects* effects);
   void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin, absl::Time now,

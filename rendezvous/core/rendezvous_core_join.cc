@@ -17,24 +17,31 @@ using core_internal::ValidateJoin;
 
 void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
                             absl::Time now, Effects* effects) {
-  auto refuse = [&](absl::Status status) {
-    effects->finishes.emplace_back(session, std::move(status));
-  };
+  absl::StatusOr<Job*> job = JobForJoin(join, now, effects);
+  absl::Status room = job.ok() ? CheckRoomFor(**job, join) : job.status();
+  if (!room.ok()) {
+    effects->finishes.emplace_back(session, std::move(room));
+    return;
+  }
+  AdmitNode(**job, session, join, now, effects);
+}
+
+absl::StatusOr<RendezvousCore::Job*> RendezvousCore::JobForJoin(
+    const v1::Join& join, absl::Time now, Effects* effects) {
   auto settings = ResolveJobSettings(join.settings());
   if (!settings.ok()) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("job settings refused: ", settings.status().message())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job settings refused: ", settings.status().message()));
   }
   if (auto s = ValidateJoin(join, settings->master_port() > 0); !s.ok()) {
-    return refuse(s);
+    return s;
   }
-
   auto it = jobs_.find(join.job_id());
   if (it == jobs_.end()) {
     if (jobs_.size() >= limits_.max_jobs) {
-      return refuse(absl::ResourceExhaustedError(
+      return absl::ResourceExhaustedError(
           absl::StrCat("the service holds ", jobs_.size(),
-                       " jobs; the limit is ", limits_.max_jobs)));
+                       " jobs; the limit is ", limits_.max_jobs));
     }
     auto job = std::make_unique<Job>(limits_.store, &store_budget_);
     job->id = join.job_id();
@@ -48,51 +55,57 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   Job& job = *it->second;
   if (std::string diff = DescribeSettingsDifference(job.settings, *settings);
       !diff.empty()) {
-    return refuse(
-        absl::InvalidArgumentError(absl::StrCat("join refused: job '", job.id,
-                                                "' exists with other "
-                                                "settings: ",
-                                                diff)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join refused: job '", job.id, "' exists with other settings: ", diff));
   }
   if (job.phase == v1::JobStatus::FINISHED ||
       job.phase == v1::JobStatus::FAILED) {
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "job '", job.id, "' has already ",
         job.phase == v1::JobStatus::FINISHED ? "finished" : "failed",
-        "; use a new rendezvous id for a new run")));
+        "; use a new rendezvous id for a new run"));
   }
+  return &job;
+}
+
+absl::Status RendezvousCore::CheckRoomFor(const Job& job,
+                                          const v1::Join& join) const {
   if (job.nodes.size() >= static_cast<size_t>(kMaxNodesPerJob)) {
-    return refuse(absl::ResourceExhaustedError(
+    return absl::ResourceExhaustedError(
         absl::StrCat("job '", job.id, "' has ", job.nodes.size(),
-                     " nodes; the limit is ", kMaxNodesPerJob)));
+                     " nodes; the limit is ", kMaxNodesPerJob));
   }
   if (auto it = job.by_incarnation.find(join.node().incarnation());
       it != job.by_incarnation.end()) {
-    return refuse(absl::AlreadyExistsError(absl::StrCat(
+    return absl::AlreadyExistsError(absl::StrCat(
         "node incarnation ", join.node().incarnation(), " is already in job '",
-        job.id, "' as ", job.nodes.at(it->second).Name())));
+        job.id, "' as ", job.nodes.at(it->second).Name()));
   }
   if (auto it = job.by_hint.find(join.node_rank_hint());
       join.node_rank_hint() >= 0 && it != job.by_hint.end()) {
-    return refuse(absl::FailedPreconditionError(
+    return absl::FailedPreconditionError(
         absl::StrCat("node rank ", join.node_rank_hint(), " of job '", job.id,
                      "' is held by ", job.nodes.at(it->second).Name(),
-                     "; each node needs its own")));
+                     "; each node needs its own"));
   }
-
   const int32_t max_nodes = job.settings.max_nodes();
   if (job.phase == v1::JobStatus::RUNNING &&
       static_cast<int32_t>(job.ranked.size()) >= max_nodes &&
       job.settings.min_nodes() == max_nodes) {
     // Nothing can admit it but the loss of a member, and a fixed-size job
     // keeps no spares: most likely a second run under the same id.
-    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+    return absl::ResourceExhaustedError(absl::StrCat(
         "job '", job.id, "' is full: its ", max_nodes,
         max_nodes == 1 ? " node runs" : " nodes run", " (--nnodes=", max_nodes,
         ") and a job of fixed size keeps no spare nodes; give this run its "
-        "own --rdzv_id, or the job --nnodes=MIN:MAX")));
+        "own --rdzv_id, or the job --nnodes=MIN:MAX"));
   }
+  return absl::OkStatus();
+}
 
+void RendezvousCore::AdmitNode(Job& job, SessionId session,
+                               const v1::Join& join, absl::Time now,
+                               Effects* effects) {
   Node& node = job.AddNode(session, join);
   node.last_seen = now;
   AddEvent(job.id, job.round, "node_joined", effects).set_node(node.Name());
@@ -108,7 +121,7 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
   // The job runs: the node waits for the next round, which a free slot opens
   // at once (scale-up); an elastic job at its maximum keeps it as a spare.
   job.SetState(node, v1::NodeStatus::WAITING);
-  if (static_cast<int>(job.ranked.size()) < max_nodes) {
+  if (static_cast<int>(job.ranked.size()) < job.settings.max_nodes()) {
     OpenNextRound(job, v1::RestartRequired::NODE_WAITING,
                   absl::StrCat(node.Name(), " joined; admitting it"), now,
                   effects);
