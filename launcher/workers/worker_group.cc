@@ -21,7 +21,9 @@
 namespace ctrun {
 
 WorkerGroup::WorkerGroup(WorkerGroupConfig config, int epoll_fd)
-    : config_(std::move(config)), epoll_fd_(epoll_fd) {}
+    : config_(std::move(config)),
+      spawner_(config_.spawner ? config_.spawner : &exec_spawner_),
+      epoll_fd_(epoll_fd) {}
 
 WorkerGroup::~WorkerGroup() {
   for (const auto& [fd, owner] : pipes_) close(fd);
@@ -142,7 +144,7 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
     if (lr < static_cast<int>(config_.bindings.size())) {
       spawn.binding = &config_.bindings[lr];
     }
-    auto spawned = SpawnWorker(config_.worker_argv, env, spawn);
+    auto spawned = spawner_->Spawn(config_.worker_argv, env, spawn);
     if (!spawned.ok()) {
       start.error = std::string(spawned.status().message());
       start.wall_time = absl::Now();

@@ -33,6 +33,7 @@
 #include "launcher/workers/console.h"
 #include "launcher/workers/watchdog.h"
 #include "launcher/workers/worker_output.h"
+#include "launcher/workers/worker_process.h"
 
 namespace ctrun {
 
@@ -49,6 +50,7 @@ struct WorkerGroupConfig {
   // Each worker's --numa_binding, by local rank; empty: not bound.
   std::vector<Binding> bindings;
   Watchdog* watchdog = nullptr;  // optional; not owned
+  Spawner* spawner = nullptr;    // not owned; an ExecSpawner when null
   Console* out = nullptr;        // not owned
   Console* err = nullptr;        // not owned
 };
@@ -139,6 +141,8 @@ class WorkerGroup {
 
   // Constant after construction.
   const WorkerGroupConfig config_;
+  ExecSpawner exec_spawner_;
+  Spawner* const spawner_;
   // This attempt's filtered_std{out,err}.log, when filters are given.
   DuplicateFilter duplicates_[2];
   const int epoll_fd_;

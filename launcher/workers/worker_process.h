@@ -48,6 +48,28 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
                                            const EnvMap& env,
                                            const SpawnOptions& options = {});
 
+// How a WorkerGroup brings a worker process into being, with SpawnWorker's
+// contract: today by exec (ExecSpawner); a spawner that forks a template
+// process which has already imported the worker's libraries can stand in
+// its place without the group knowing.
+class Spawner {
+ public:
+  virtual ~Spawner() = default;
+  virtual absl::StatusOr<SpawnedProcess> Spawn(
+      const std::vector<std::string>& argv, const EnvMap& env,
+      const SpawnOptions& options) = 0;
+};
+
+// SpawnWorker, as a Spawner.
+class ExecSpawner final : public Spawner {
+ public:
+  absl::StatusOr<SpawnedProcess> Spawn(const std::vector<std::string>& argv,
+                                       const EnvMap& env,
+                                       const SpawnOptions& options) override {
+    return SpawnWorker(argv, env, options);
+  }
+};
+
 }  // namespace ctrun
 
 #endif  // CTRUN_LAUNCHER_WORKERS_WORKER_PROCESS_H_

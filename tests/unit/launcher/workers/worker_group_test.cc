@@ -1,0 +1,102 @@
+// The worker group's start, through the Spawner seam.
+#include "launcher/workers/worker_group.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/workers/console.h"
+#include "launcher/workers/worker_process.h"
+
+namespace ctrun {
+namespace {
+
+// Records what each worker was started with, then starts it by exec (or
+// refuses local rank `refuse_rank`).
+class RecordingSpawner final : public Spawner {
+ public:
+  absl::StatusOr<SpawnedProcess> Spawn(const std::vector<std::string>& argv,
+                                       const EnvMap& env,
+                                       const SpawnOptions& options) override {
+    ranks.push_back(env.at("RANK"));
+    const int local_rank = std::stoi(env.at("LOCAL_RANK"));
+    if (local_rank == refuse_rank) {
+      return absl::FailedPreconditionError("no template to fork from");
+    }
+    return exec.Spawn(argv, env, options);
+  }
+  std::vector<std::string> ranks;
+  int refuse_rank = -1;
+  ExecSpawner exec;
+};
+
+struct Scratch {
+  std::string dir =
+      absl::StrCat(std::filesystem::temp_directory_path().string(),
+                   "/ctrun-group-", getpid());
+  Scratch() { std::filesystem::create_directories(dir); }
+  ~Scratch() { std::filesystem::remove_all(dir); }
+};
+
+v1::Assignment Round0() {
+  v1::Assignment a;
+  a.set_first_global_rank(4);
+  a.set_world_size(6);
+  a.set_group_world_size(2);
+  a.set_group_rank(1);
+  a.set_master_addr("127.0.0.1");
+  a.set_master_port(29500);
+  a.set_job_id("job");
+  return a;
+}
+
+TEST_CASE(
+    "A worker group starts every worker through its spawner, and stops at "
+    "the first the spawner refuses",
+    "[launcher][unit]") {
+  Scratch scratch;
+  Console out(STDOUT_FILENO), err(STDERR_FILENO);
+  RecordingSpawner spawner;
+  WorkerGroupConfig config;
+  config.options.local_world_size = 2;
+  config.worker_argv = {"/bin/true"};
+  config.run_dir = scratch.dir;
+  config.out = &out;
+  config.err = &err;
+  config.spawner = &spawner;
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(epoll_fd >= 0);
+  {
+    WorkerGroup group(config, epoll_fd);
+    const std::vector<WorkerStart> started = group.Start(Round0());
+    REQUIRE(started.size() == 2);
+    CHECK(started[0].pid > 0);
+    CHECK(started[1].pid > 0);
+    CHECK(spawner.ranks == std::vector<std::string>{"4", "5"});
+    std::vector<WorkerExit> exits;
+    for (int i = 0; i < 500 && exits.size() < 2; ++i) {
+      for (const WorkerExit& e : group.Reap()) exits.push_back(e);
+      usleep(10'000);
+    }
+    REQUIRE(exits.size() == 2);
+    CHECK(exits[0].exit_code == 0);
+    group.Collect();
+  }
+  spawner.ranks.clear();
+  spawner.refuse_rank = 0;
+  {
+    WorkerGroup group(config, epoll_fd);
+    const std::vector<WorkerStart> started = group.Start(Round0());
+    REQUIRE(started.size() == 1);
+    CHECK(started[0].pid == -1);
+    CHECK(started[0].error == "no template to fork from");
+    CHECK(spawner.ranks == std::vector<std::string>{"4"});
+  }
+  close(epoll_fd);
+}
+
+}  // namespace
+}  // namespace ctrun
