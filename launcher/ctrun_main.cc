@@ -25,6 +25,7 @@
 #include "launcher/workers/run_directory.h"
 #include "launcher/workers/watchdog.h"
 #include "rendezvous/client/status_report.h"
+#include "rendezvous/ops/metrics.h"
 #include "rendezvous/rpc/auth.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/grpc_log.h"

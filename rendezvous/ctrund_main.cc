@@ -26,6 +26,7 @@
 #include "rendezvous/client/status_report.h"
 #include "rendezvous/core/job_settings.h"
 #include "rendezvous/durable/journal.h"
+#include "rendezvous/ops/metrics.h"
 #include "rendezvous/etcd/etcd_replica.h"
 #include "rendezvous/rpc/auth.h"
 #include "rendezvous/rpc/endpoint.h"
@@ -281,31 +282,31 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
   return 0;
 }
 
-int RunDaemon(const DaemonFlags& flags) {
-  auto level = spdlog::level::from_str(flags.log_level);
-  if (level == spdlog::level::off && flags.log_level != "off") {
-    return Fail(absl::StrCat("--log-level '", flags.log_level,
-                             "' is not one of trace, debug, info, warn, "
-                             "error, off"),
-                kUsageError);
-  }
+// --listen, --token-file and the TLS flags. This and the Take* below
+// fill their part of `options` from the flags: 0, or the exit code after
+// saying what is wrong.
+int TakeTransport(const DaemonFlags& flags, ServerOptions* options) {
   auto listen = ParseEndpoint(flags.listen);
   if (!listen.ok()) {
     return Fail(absl::StrCat("--listen: ", listen.status().message()),
                 kUsageError);
   }
-  ServerOptions options;
-  options.listen = *listen;
-  if (!LoadToken(flags.token_file, &options.token)) return kUsageError;
+  options->listen = *listen;
+  if (!LoadToken(flags.token_file, &options->token)) return kUsageError;
   if (flags.tls_cert.empty() != flags.tls_key.empty()) {
     return Fail("--tls-cert and --tls-key go together", kUsageError);
   }
   if (!flags.tls_cert.empty()) {
-    options.tls =
+    options->tls =
         TlsServerFiles{flags.tls_cert, flags.tls_key, flags.tls_client_ca};
   } else if (!flags.tls_client_ca.empty()) {
     return Fail("--tls-client-ca needs --tls-cert and --tls-key", kUsageError);
   }
+  return 0;
+}
+
+// The store and job limits.
+int TakeLimits(const DaemonFlags& flags, ServerOptions* options) {
   constexpr int64_t kMaxBytes = int64_t{1} << 50;
   struct Limit {
     const char* flag;
@@ -324,13 +325,18 @@ int RunDaemon(const DaemonFlags& flags) {
                   kUsageError);
     }
   }
-  options.limits.store.max_value_bytes =
+  options->limits.store.max_value_bytes =
       static_cast<size_t>(flags.max_value_bytes);
-  options.limits.store.max_keys = static_cast<size_t>(flags.max_keys);
-  options.limits.max_jobs = static_cast<size_t>(flags.max_jobs);
-  options.limits.store.max_job_bytes =
+  options->limits.store.max_keys = static_cast<size_t>(flags.max_keys);
+  options->limits.max_jobs = static_cast<size_t>(flags.max_jobs);
+  options->limits.store.max_job_bytes =
       static_cast<size_t>(flags.max_job_store_bytes);
-  options.limits.max_store_bytes = static_cast<size_t>(flags.max_store_bytes);
+  options->limits.max_store_bytes = static_cast<size_t>(flags.max_store_bytes);
+  return 0;
+}
+
+// --fsync, --state-dir and --reconnect-grace.
+int TakeState(const DaemonFlags& flags, ServerOptions* options) {
   auto fsync = ParseFsyncPolicy(flags.fsync);
   if (!fsync.ok()) {
     return Fail(absl::StrCat("--fsync: ", fsync.status().message()),
@@ -339,7 +345,7 @@ int RunDaemon(const DaemonFlags& flags) {
   if (flags.state_dir.empty() && flags.state_dir_repair) {
     return Fail("--state-dir-repair needs --state-dir", kUsageError);
   }
-  options.fsync = *fsync;
+  options->fsync = *fsync;
   if (!(flags.reconnect_grace_s > 0 && flags.reconnect_grace_s <= 86400)) {
     return Fail(absl::StrCat("--reconnect-grace ", flags.reconnect_grace_s,
                              " must be a number of seconds in (0, 86400]"),
@@ -348,13 +354,20 @@ int RunDaemon(const DaemonFlags& flags) {
   if (!flags.state_dir.empty()) {
     auto files = StateFilesFromEnvironment();
     if (!files.ok()) return Fail(std::string(files.status().message()));
-    options.state_log = JournalOpener(flags.state_dir, flags.state_dir_repair,
-                                      *std::move(files));
-    options.state_where = absl::StrCat(flags.state_dir, "/journal (fsync ",
-                                       FsyncPolicyName(options.fsync), ")");
+    options->state_log = JournalOpener(flags.state_dir, flags.state_dir_repair,
+                                       *std::move(files));
+    options->state_where = absl::StrCat(flags.state_dir, "/journal (fsync ",
+                                        FsyncPolicyName(options->fsync), ")");
   }
-  options.reconnect_grace = absl::Seconds(flags.reconnect_grace_s);
-  std::optional<Endpoint> metrics_listen;
+  options->reconnect_grace = absl::Seconds(flags.reconnect_grace_s);
+  return 0;
+}
+
+// --metrics-listen and --event-log. With the former, Prometheus metrics in
+// `options` and `*metrics`, the address to serve them on in `*listen`.
+int TakeOps(const DaemonFlags& flags, ServerOptions* options,
+            std::shared_ptr<RendezvousMetrics>* metrics,
+            std::optional<Endpoint>* listen) {
   if (!flags.metrics_listen.empty()) {
     auto parsed = ParseMetricsListen(flags.metrics_listen);
     if (!parsed.ok()) {
@@ -362,8 +375,9 @@ int RunDaemon(const DaemonFlags& flags) {
                                parsed.status().message()),
                   kUsageError);
     }
-    metrics_listen = *parsed;
-    options.metrics = std::make_shared<RendezvousMetrics>();
+    *listen = *parsed;
+    *metrics = std::make_shared<RendezvousMetrics>();
+    options->metrics = *metrics;
   }
   if (!flags.event_log.empty()) {
     auto log = EventLog::Open(flags.event_log, [](const std::string& line) {
@@ -373,16 +387,17 @@ int RunDaemon(const DaemonFlags& flags) {
       return Fail(absl::StrCat("--event-log: ", log.status().message()),
                   kUsageError);
     }
-    options.event_log = *std::move(log);
+    options->event_log = *std::move(log);
   }
-  ReplicaOptions replica;
-  if (!flags.etcd.empty()) {
-    if (auto s = ReplicaOptionsFrom(flags, *listen, &options, &replica);
-        !s.ok()) {
-      return Fail(std::string(s.message()), kUsageError);
-    }
-  }
+  return 0;
+}
 
+// Serves until a stop signal: the metrics endpoint first, then the service
+// or, with --etcd, a replica.
+int Serve(const DaemonFlags& flags, spdlog::level::level_enum level,
+          ServerOptions options, ReplicaOptions replica,
+          std::shared_ptr<const RendezvousMetrics> prometheus,
+          const std::optional<Endpoint>& metrics_listen) {
   auto logger = spdlog::stderr_color_mt("ctrund");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [ctrund] [%l] %v");
   logger->set_level(level);
@@ -402,7 +417,7 @@ int RunDaemon(const DaemonFlags& flags) {
   // standby from a dead replica.
   std::unique_ptr<MetricsEndpoint> metrics;
   if (metrics_listen) {
-    auto started = MetricsEndpoint::Start(*metrics_listen, *options.metrics);
+    auto started = MetricsEndpoint::Start(*metrics_listen, *prometheus);
     if (!started.ok()) {
       return Fail(
           absl::StrCat("--metrics-listen: ", started.status().message()));
@@ -436,6 +451,34 @@ int RunDaemon(const DaemonFlags& flags) {
   (*server)->Shutdown();
   spdlog::info("stopped");
   return 0;
+}
+
+int RunDaemon(const DaemonFlags& flags) {
+  auto level = spdlog::level::from_str(flags.log_level);
+  if (level == spdlog::level::off && flags.log_level != "off") {
+    return Fail(absl::StrCat("--log-level '", flags.log_level,
+                             "' is not one of trace, debug, info, warn, "
+                             "error, off"),
+                kUsageError);
+  }
+  ServerOptions options;
+  std::shared_ptr<RendezvousMetrics> prometheus;
+  std::optional<Endpoint> metrics_listen;
+  if (int code = TakeTransport(flags, &options)) return code;
+  if (int code = TakeLimits(flags, &options)) return code;
+  if (int code = TakeState(flags, &options)) return code;
+  if (int code = TakeOps(flags, &options, &prometheus, &metrics_listen)) {
+    return code;
+  }
+  ReplicaOptions replica;
+  if (!flags.etcd.empty()) {
+    if (auto s = ReplicaOptionsFrom(flags, options.listen, &options, &replica);
+        !s.ok()) {
+      return Fail(std::string(s.message()), kUsageError);
+    }
+  }
+  return Serve(flags, level, std::move(options), std::move(replica),
+               std::move(prometheus), metrics_listen);
 }
 
 struct JobTokenFlags {
@@ -520,21 +563,8 @@ int RunStatus(const StatusFlags& flags, bool endpoint_given) {
   return 0;
 }
 
-}  // namespace
-}  // namespace ctrun
-
-int main(int argc, char** argv) {
-  using namespace ctrun;
-  saved_argv = argv;
-  // Debian's Abseil checks every lock order at run time, which costs more
-  // than the locking itself with thousands of sessions; tests keep it on.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  CLI::App app{
-      "ctrund: the ctrun rendezvous daemon. Agents (ctrun "
-      "--rdzv_endpoint=HOST:PORT) meet here to get their ranks; workers use "
-      "its key-value store."};
-  app.set_version_flag("--version", "ctrund 0.1.0");
-  DaemonFlags daemon;
+// ctrund's own flags, into `daemon`.
+void AddDaemonFlags(CLI::App& app, DaemonFlags& daemon) {
   app.add_option("--listen", daemon.listen,
                  "HOST:PORT to serve on; port 0 picks a free one")
       ->capture_default_str();
@@ -611,8 +641,10 @@ int main(int argc, char** argv) {
   app.add_option("--event-log,--event_log", daemon.event_log,
                  "file to append the jobs' events to, one JSON object per "
                  "line (docs/events.md)");
+}
 
-  StatusFlags status;
+// `ctrund status` and its flags, into `status`.
+CLI::App* AddStatusCommand(CLI::App& app, StatusFlags& status) {
   CLI::App* status_cmd = app.add_subcommand(
       "status", "print the jobs, rounds and nodes of a running rendezvous");
   status_cmd
@@ -640,8 +672,11 @@ int main(int argc, char** argv) {
                          "PEM client certificate for etcd");
   status_cmd->add_option("--etcd-key", status.etcd_key,
                          "PEM client key for etcd");
+  return status_cmd;
+}
 
-  JobTokenFlags job_token;
+// `ctrund job-token` and its flags, into `job_token`.
+CLI::App* AddJobTokenCommand(CLI::App& app, JobTokenFlags& job_token) {
   CLI::App* job_token_cmd = app.add_subcommand(
       "job-token",
       "print a token that admits one job only (its agents and workers "
@@ -652,6 +687,29 @@ int main(int argc, char** argv) {
       ->required();
   job_token_cmd->add_option("--job", job_token.job, "the job's rendezvous id")
       ->required();
+  return job_token_cmd;
+}
+
+}  // namespace
+}  // namespace ctrun
+
+int main(int argc, char** argv) {
+  using namespace ctrun;
+  saved_argv = argv;
+  // Debian's Abseil checks every lock order at run time, which costs more
+  // than the locking itself with thousands of sessions; tests keep it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  CLI::App app{
+      "ctrund: the ctrun rendezvous daemon. Agents (ctrun "
+      "--rdzv_endpoint=HOST:PORT) meet here to get their ranks; workers use "
+      "its key-value store."};
+  app.set_version_flag("--version", "ctrund 0.1.0");
+  DaemonFlags daemon;
+  AddDaemonFlags(app, daemon);
+  StatusFlags status;
+  CLI::App* status_cmd = AddStatusCommand(app, status);
+  JobTokenFlags job_token;
+  CLI::App* job_token_cmd = AddJobTokenCommand(app, job_token);
 
   try {
     app.parse(argc, argv);

@@ -17,7 +17,7 @@ rules=(
   "rendezvous/rpc :: ^rendezvous/rpc/ :: rendezvous/(client|server|durable|etcd|ops)/|launcher/"
   "rendezvous/client :: ^rendezvous/client/ :: rendezvous/(server|durable|etcd|ops)/|launcher/"
   "rendezvous/ops :: ^rendezvous/ops/ :: rendezvous/(client|server|durable|etcd)/|launcher/"
-  "rendezvous/server :: ^rendezvous/server/ :: rendezvous/(client|etcd)/|launcher/"
+  "rendezvous/server :: ^rendezvous/server/ :: rendezvous/(client|etcd)/|rendezvous/durable/(journal|state_files)\.h|rendezvous/ops/metrics\.h|launcher/"
   "rendezvous/etcd :: ^rendezvous/etcd/ :: rendezvous/client/|launcher/"
   "launcher/options :: ^launcher/options/ :: launcher/(policy|workers|hw)/|launcher/agent\.h|rendezvous/(client|server|durable|etcd|ops)/|$grpc"
   "launcher/policy (pure) :: ^launcher/policy/ :: launcher/(workers|hw)/|launcher/agent\.h|rendezvous/(rpc|client|server|durable|etcd|ops)/|$grpc|hwloc|nvml\.h|spdlog"

@@ -1,5 +1,6 @@
-// RendezvousMetrics: what a rendezvous service counts, for Prometheus
-// (ctrund --metrics_listen, and ctrun's when it hosts the rendezvous).
+// RendezvousMetrics: ServiceMetrics (service_metrics.h) for Prometheus
+// (ctrund --metrics-listen, and ctrun's --metrics_listen when it hosts the
+// rendezvous).
 //
 // Counters and histograms are fed by the service as things happen: the
 // core's events (rendezvous_core.h, Effects::events), store operations as
@@ -22,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ctrun/v1/event.pb.h"
+#include "rendezvous/ops/service_metrics.h"
 #include "rendezvous/rpc/endpoint.h"
 
 namespace prometheus {
@@ -31,37 +33,20 @@ class Registry;
 
 namespace ctrun {
 
-class RendezvousMetrics {
+class RendezvousMetrics final : public ServiceMetrics {
  public:
-  // What the service holds, by state; the names are the label values.
-  struct Holding {
-    std::map<std::string, int> jobs;      // by phase: collecting, running...
-    std::map<std::string, int> nodes;     // by state: joined, active...
-    std::map<std::string, int> sessions;  // in_job, resuming, not_joined
-    double store_bytes = 0;
-  };
-
   RendezvousMetrics();
-  ~RendezvousMetrics();
+  ~RendezvousMetrics() override;
   RendezvousMetrics(const RendezvousMetrics&) = delete;
   RendezvousMetrics& operator=(const RendezvousMetrics&) = delete;
 
-  // Counts what `event` says: rounds and restarts by reason, node losses,
-  // job ends, the time rounds took to close.
-  void Count(const v1::Event& event);
-  // One store request answered: its kind (the StoreRequest op's field name),
-  // how long it took (a wait's included), and its status code.
+  void Count(const v1::Event& event) override;
   void StoreOperation(std::string_view kind, absl::Duration latency,
-                      absl::StatusCode code);
-  // One commit to the journal or to etcd.
-  void LogWrite(absl::Duration latency);
-  // A session, store request or admin call refused with `code`.
-  void Refusal(std::string_view rpc, absl::StatusCode code);
-
-  // Sets (or, with nullptr, clears) what a scrape reads the gauges from.
-  // Clearing waits for a scrape in progress: afterwards `holding` is never
-  // called again.
-  void SetHolding(std::function<Holding()> holding);
+                      absl::StatusCode code) override;
+  void LogWrite(absl::Duration latency) override;
+  void Refusal(std::string_view rpc, absl::StatusCode code) override;
+  // The gauges are read at each scrape.
+  void SetHolding(std::function<Holding()> holding) override;
 
   // What an exposer serves.
   std::vector<std::weak_ptr<prometheus::Collectable>> Collectables() const;

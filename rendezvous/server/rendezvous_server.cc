@@ -161,7 +161,7 @@ class RendezvousServer::Impl {
   // The event log's lines and the metrics' counts of `effects`.
   void RecordEffectsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  RendezvousMetrics::Holding HoldingLocked() const
+  ServiceMetrics::Holding HoldingLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogEffectsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -678,8 +678,8 @@ void Impl::RecordEffectsLocked(const Effects& effects) {
   }
 }
 
-RendezvousMetrics::Holding Impl::HoldingLocked() const {
-  RendezvousMetrics::Holding h;
+ServiceMetrics::Holding Impl::HoldingLocked() const {
+  ServiceMetrics::Holding h;
   for (const auto* name : {"collecting", "running", "finished", "failed"}) {
     h.jobs[name] = 0;
   }

@@ -21,7 +21,7 @@
 #include "rendezvous/core/rendezvous_core.h"
 #include "rendezvous/durable/durable_state.h"
 #include "rendezvous/ops/event_log.h"
-#include "rendezvous/ops/metrics.h"
+#include "rendezvous/ops/service_metrics.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/monotonic_clock.h"
 #include "rendezvous/rpc/munge.h"
@@ -57,7 +57,7 @@ struct ServerOptions {
   std::function<bool()> may_serve;
   // When set, the service counts what happens there, and tells it what it
   // holds at each scrape until it shuts down (metrics.h).
-  std::shared_ptr<RendezvousMetrics> metrics;
+  std::shared_ptr<ServiceMetrics> metrics;
   // When set, every event of the jobs goes there (event_log.h).
   std::shared_ptr<EventLog> event_log;
   // When store changes and job states are synced (durable_state.h).
