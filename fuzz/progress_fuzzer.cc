@@ -15,7 +15,7 @@
 #include "ctrun/progress_board.h"
 #include "launcher/policy/file_timers.h"
 #include "launcher/policy/progress_monitor.h"
-#include "launcher/workers/progress_board.h"
+#include "launcher/workers/agent_board.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ctrun;

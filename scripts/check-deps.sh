@@ -20,7 +20,7 @@ rules=(
   "rendezvous/server :: ^rendezvous/server/ :: rendezvous/(client|etcd)/|rendezvous/durable/(journal|state_files)\.h|rendezvous/ops/metrics\.h|launcher/"
   "rendezvous/etcd :: ^rendezvous/etcd/ :: rendezvous/client/|launcher/"
   "launcher/options :: ^launcher/options/ :: launcher/(policy|workers|hw)/|launcher/agent\.h|rendezvous/(client|server|durable|etcd|ops)/|$grpc"
-  "launcher/policy (pure) :: ^launcher/policy/ :: launcher/(workers|hw)/|launcher/agent\.h|rendezvous/(rpc|client|server|durable|etcd|ops)/|$grpc|hwloc|nvml\.h|spdlog"
+  "launcher/policy (pure) :: ^launcher/policy/ :: launcher/(workers|hw)/|launcher/agent\.h|rendezvous/core/rendezvous_core|rendezvous/(rpc|client|server|durable|etcd|ops)/|$grpc|hwloc|nvml\.h|spdlog"
   "launcher/workers :: ^launcher/workers/ :: launcher/hw/|launcher/agent\.h|rendezvous/(server|durable|etcd|ops)/"
   "launcher/hw :: ^launcher/hw/ :: launcher/workers/|launcher/agent\.h|rendezvous/(client|server|durable|etcd|ops)/"
   "the agent (hosts nothing) :: ^launcher/agent\.(h|cc)$ :: rendezvous/(server|durable|etcd)/|rendezvous/ops/metrics\.h"

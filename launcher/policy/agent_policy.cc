@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "rendezvous/core/rendezvous_core.h"
+#include "rendezvous/core/restart_reason.h"
 
 namespace ctrun {
 namespace {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "launcher/workers/progress_board.h"
+#include "launcher/workers/agent_board.h"
 
 namespace ctrun {
 

@@ -9,21 +9,6 @@
 
 namespace ctrun {
 
-const char* RestartReasonName(v1::RestartRequired::Reason reason) {
-  switch (reason) {
-    case v1::RestartRequired::WORKER_FAILED:
-      return "worker_failed";
-    case v1::RestartRequired::NODE_LOST:
-      return "node_lost";
-    case v1::RestartRequired::NODE_WAITING:
-      return "scale_up";
-    case v1::RestartRequired::WORKER_HUNG:
-      return "worker_hung";
-    default:
-      return "unspecified";
-  }
-}
-
 RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {
   store_budget_.limit = limits_.max_store_bytes;
 }

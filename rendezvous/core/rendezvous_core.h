@@ -109,10 +109,6 @@ struct RendezvousLimits {
   absl::Duration first_message_timeout = absl::Seconds(10);
 };
 
-// A restart's reason as the event log and the metrics name it:
-// worker_failed, node_lost, scale_up, worker_hung.
-const char* RestartReasonName(v1::RestartRequired::Reason reason);
-
 class RendezvousCore {
  public:
   explicit RendezvousCore(RendezvousLimits limits = {});

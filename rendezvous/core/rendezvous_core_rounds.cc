@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "rendezvous/core/rendezvous_core.h"
 #include "rendezvous/core/rendezvous_core_state.h"
+#include "rendezvous/core/restart_reason.h"
 
 namespace ctrun {
 

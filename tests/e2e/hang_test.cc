@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "ctrun/progress_board.h"
-#include "launcher/workers/progress_board.h"
+#include "launcher/workers/agent_board.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
 

@@ -1,4 +1,4 @@
-#include "launcher/workers/progress_board.h"
+#include "launcher/workers/agent_board.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
 // What the progress board reader makes of a worker's bytes.
-#include "launcher/workers/progress_board.h"
+#include "launcher/workers/agent_board.h"
 
 #include <catch2/catch.hpp>
 

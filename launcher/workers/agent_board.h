@@ -8,8 +8,8 @@
 // SIGBUS) or remove it (the next round's workers would report to nothing).
 //
 // Used by the agent's loop only; not thread-safe.
-#ifndef CTRUN_LAUNCHER_WORKERS_PROGRESS_BOARD_H_
-#define CTRUN_LAUNCHER_WORKERS_PROGRESS_BOARD_H_
+#ifndef CTRUN_LAUNCHER_WORKERS_AGENT_BOARD_H_
+#define CTRUN_LAUNCHER_WORKERS_AGENT_BOARD_H_
 
 #include <cstdint>
 #include <memory>
@@ -67,4 +67,4 @@ class ProgressBoard {
 
 }  // namespace ctrun
 
-#endif  // CTRUN_LAUNCHER_WORKERS_PROGRESS_BOARD_H_
+#endif  // CTRUN_LAUNCHER_WORKERS_AGENT_BOARD_H_
