@@ -606,6 +606,52 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "A standby behind TLS and a token names the leader to clients that "
+    "trust it, and they are served there",
+    "[etcd][integration]") {
+  EtcdCluster etcd(1);
+  char dir_template[] = "/tmp/ctrun-etcd-tls-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem",
+                    token = dir + "/token";
+  MakeSelfSignedCert("127.0.0.1", cert, key);
+  std::ofstream(token) << "s3cret\n";
+  const std::vector<std::string> extra = {
+      "--tls-cert", cert, "--tls-key", key, "--token-file", token};
+  Replica first(FreePort(), etcd.endpoints(), extra);
+  REQUIRE(first.WaitLeading(kWait));
+  Replica second(FreePort(), etcd.endpoints(), extra);
+  REQUIRE(second.process().StderrContains(
+      "standing by; the leader is " + first.endpoint(), kWait));
+
+  ConnectionOptions options;
+  options.endpoint = second.endpoint();
+  options.tls_ca_file = cert;
+  options.token = "s3cret";
+  auto connection = Connection::Open(options);
+  REQUIRE(connection.ok());
+  auto jobs = AdminClient(*connection).ListJobs();
+  INFO(jobs.status());
+  CHECK(jobs.ok());
+  CHECK(connection->leader() == first.endpoint());
+  // The leader still checks the token the standby did not ask for.
+  options.token = "wrong";
+  auto wrong = Connection::Open(options);
+  REQUIRE(wrong.ok());
+  CHECK(absl::IsUnauthenticated(AdminClient(*wrong).ListJobs().status()));
+
+  ChildProcess status({CtrundPath(), "status", "--endpoint", second.endpoint(),
+                       "--tls-ca", cert, "--token-file", token});
+  const std::string shown = status.ReadAll(kWait);
+  INFO(shown << status.Stderr());
+  CHECK(status.Wait(kWait) == 0);
+  CHECK(shown.rfind("leader: " + first.endpoint() + " (" + second.endpoint() +
+                        " stands by)",
+                    0) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
     "Nested etcd prefixes are refused at start, naming the foreign key, "
     "both ways",
     "[etcd][integration]") {
