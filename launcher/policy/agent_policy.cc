@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,11 +48,30 @@ bool MayComeUp(const absl::Status& status) {
   }
   const absl::string_view m = status.message();
   return absl::StrContains(m, "Connection refused") ||
+         absl::StrContains(m, " stands by") ||  // a standby ctrund replica
          absl::StrContains(m, "No route to host") ||
          absl::StrContains(m, "Network is unreachable") ||
          absl::StrContains(m, "DNS resolution failed") ||
          absl::StrContains(m, "Deadline Exceeded") ||
          absl::IsDeadlineExceeded(status);
+}
+
+// Why a probe could not reach the rendezvous, in a few words.
+std::string UnreachableReason(const absl::Status& status) {
+  const absl::string_view m = status.message();
+  if (absl::StrContains(m, " stands by")) return std::string(m);
+  for (const char* known :
+       {"Connection refused", "No route to host", "Network is unreachable"}) {
+    if (absl::StrContains(m, known)) return absl::AsciiStrToLower(known);
+  }
+  if (absl::StrContains(m, "DNS resolution failed")) {
+    return "its name does not resolve";
+  }
+  if (absl::IsDeadlineExceeded(status) ||
+      absl::StrContains(m, "Deadline Exceeded")) {
+    return "no answer";
+  }
+  return std::string(m);
 }
 
 }  // namespace
@@ -252,7 +272,22 @@ void AgentPolicy::OnResumed(const v1::Resumed& resumed, AgentEffects* effects) {
 
 void AgentPolicy::OnProbeResult(const absl::Status& status, absl::Time now,
                                 AgentEffects* effects) {
-  if (link_ != Link::kConnecting || MayComeUp(status)) return;
+  if (link_ != Link::kConnecting) return;
+  if (MayComeUp(status)) {
+    // Said now and every kUnreachableEvery, as the waiting line is: a node
+    // that cannot reach its rendezvous must not wait in silence.
+    const bool unreached =
+        absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status);
+    if (!unreached || now < unreachable_due_) return;
+    unreachable_due_ = now + kUnreachableEvery;
+    Tell(absl::StrCat("cannot reach the rendezvous at ", config_.endpoint, " (",
+                      UnreachableReason(status), "); still trying for ",
+                      absl::FormatDuration(absl::Trunc(
+                          first_answer_deadline_ - now, absl::Seconds(1))),
+                      " (--rdzv_conf join_timeout)"),
+         effects);
+    return;
+  }
   Tell(absl::StrCat("cannot talk to the rendezvous at ", config_.endpoint, ": ",
                     status.message(),
                     "; is it a ctrun rendezvous (a ctrund or a ctrun agent: "

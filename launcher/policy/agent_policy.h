@@ -242,6 +242,9 @@ class AgentPolicy {
   // often: a TLS mismatch fails at once instead of after the join timeout.
   static constexpr absl::Duration kProbeAfter = absl::Seconds(2);
   static constexpr absl::Duration kProbeEvery = absl::Seconds(3);
+  // A rendezvous that cannot be reached is said at the first probe that
+  // fails to connect, then this often while it stays so.
+  static constexpr absl::Duration kUnreachableEvery = absl::Seconds(30);
 
   explicit AgentPolicy(AgentPolicyConfig config);
 
@@ -419,6 +422,8 @@ class AgentPolicy {
   // Deadlines; InfiniteFuture when not armed.
   absl::Time first_answer_deadline_ = absl::InfiniteFuture();
   absl::Time probe_at_ = absl::InfiniteFuture();
+  // When the rendezvous out of reach may be said again.
+  absl::Time unreachable_due_ = absl::InfinitePast();
   absl::Time reconnect_deadline_ = absl::InfiniteFuture();
   absl::Time reopen_at_ = absl::InfiniteFuture();
   std::optional<int64_t> reopen_round_;  // with reopen_at_

@@ -89,6 +89,26 @@ void CheckPermutation(const Seen& s, int world) {
   CHECK(s.ranks == all);
 }
 
+TEST_CASE(
+    "A node that cannot reach its rendezvous says so within seconds, naming "
+    "the address and why",
+    "[multinode][integration]") {
+  const std::string endpoint =
+      absl::StrCat("127.0.0.1:", FreePort("127.0.0.1"));  // nothing listens
+  ChildProcess node({CtrunPath(), "--nnodes=2", "--nproc_per_node=1",
+                     "--rdzv_backend=c10d", "--rdzv_endpoint=" + endpoint,
+                     "--rdzv_conf=is_host=0,join_timeout=60", "/bin/true"});
+  const absl::Time started = absl::Now();
+  INFO(node.Stderr());
+  CHECK(node.StderrContains(
+      absl::StrCat("ctrun: cannot reach the rendezvous at ", endpoint,
+                   " (connection refused); still trying for "),
+      absl::Seconds(20)));
+  CHECK(absl::Now() - started < absl::Seconds(10));
+  node.Signal(SIGTERM);
+  CHECK(node.Wait(kWait).has_value());
+}
+
 TEST_CASE("Two nodes meet at a ctrund", "[multinode][integration]") {
   Daemon daemon;
   const std::vector<std::string> flags = {

@@ -294,15 +294,30 @@ TEST_CASE("A silent rendezvous is probed and a TLS mismatch fails at once",
   CHECK(h.ExitCode() == 1);
 }
 
-TEST_CASE("A rendezvous that is not up yet is waited for, probed again",
-          "[agent][unit]") {
+TEST_CASE(
+    "A rendezvous that is not up yet is waited for, probed again, and said "
+    "out of reach at once and every 30 s with the time left",
+    "[agent][unit]") {
   Harness h;
-  h.Advance(AgentPolicy::kProbeAfter);
-  h.Probed(absl::UnavailableError(
+  const absl::Status refused = absl::UnavailableError(
       "failed to connect to all addresses; last error: UNKNOWN: "
       "ipv4:127.0.0.1:5: Failed to connect to remote host: Connection "
-      "refused"));
+      "refused");
+  h.Advance(AgentPolicy::kProbeAfter);
+  h.Probed(refused);
   CHECK_FALSE(h.ExitCode());
+  CHECK(
+      h.Said("cannot reach the rendezvous at 10.0.0.1:29400 (connection "
+             "refused); still trying for 9m58s (--rdzv_conf join_timeout)"));
+  h.Advance(AgentPolicy::kProbeEvery);
+  REQUIRE(h.Has<e::ProbeRendezvous>());
+  h.Probed(refused);
+  CHECK_FALSE(h.Has<e::Say>());  // not before 30 s
+  h.Advance(AgentPolicy::kUnreachableEvery - AgentPolicy::kProbeEvery);
+  h.Probed(absl::UnavailableError("DNS resolution failed for nowhere:5"));
+  CHECK(
+      h.Said("cannot reach the rendezvous at 10.0.0.1:29400 (its name does "
+             "not resolve); still trying for 9m28s"));
   h.Advance(AgentPolicy::kProbeEvery);
   CHECK(h.Has<e::ProbeRendezvous>());
   // An answer of any kind means the connection works.
