@@ -345,6 +345,7 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   for (const auto& notice : options.notices) {
     std::cerr << "ctrun: note: " << notice << "\n";
   }
+  if (!plan.notice.empty()) std::cerr << "ctrun: note: " << plan.notice << "\n";
   if (auto s = EnsureFileLimit(options.local_world_size); !s.ok()) {
     return Fail(std::string(s.message()), kUsageError);
   }

@@ -184,12 +184,29 @@ absl::StatusOr<RendezvousPlan> PlanRendezvous(
     std::tie(plan.host, plan.host_reason) =
         DecideHost(o, *ep, hostname, &plan.inferred);
   }
+  // Node 0 of a static rendezvous is at --master_addr by definition.
+  const bool static_master =
+      o.rdzv_backend == "static" && plan.host && !o.is_host.has_value();
+  const bool names_this_node = IsLoopbackHost(ep->host) ||
+                               ep->host == hostname ||
+                               IsInterfaceAddress(ep->host);
   if (!o.local_addr.empty()) {
     plan.address = o.local_addr;
+  } else if (static_master && names_this_node) {
+    plan.address = ep->host;
   } else {
     auto source = RouteSource(*ep);
     if (!source.ok()) return source.status();
     plan.address = *source;
+    if (static_master) {
+      plan.notice = absl::StrCat(
+          "--master_addr=", ep->host,
+          " is not an address of this node (node rank 0, where the workers' "
+          "master is): they get MASTER_ADDR=",
+          plan.address,
+          ", this node's address on the route to it; give --local_addr to "
+          "choose another");
+    }
   }
   plan.auth = DecideAuth(o, env, plan);
   return plan;
@@ -237,6 +254,8 @@ std::string FormatRendezvousPlan(const LaunchOptions& o,
       plan.host && !o.tls_cert.empty() ? absl::StrCat(", serving ", o.tls_cert)
                                        : "",
       "\n");
+  if (!plan.notice.empty())
+    absl::StrAppend(&out, "  note: ", plan.notice, "\n");
   return out;
 }
 

@@ -26,6 +26,9 @@ struct RendezvousPlan {
   bool inferred = false;
   std::string host_reason;  // why this node hosts or connects, for --dry_run
   std::string address;      // advertised: MASTER_ADDR when group rank 0
+  // Said once at start when the advertised address is not the one the
+  // user gave (a static node 0 whose --master_addr is not its own).
+  std::string notice;
 
   // How agents (and workers, with a job token derived from it) prove
   // themselves to the rendezvous.
@@ -47,8 +50,11 @@ struct RendezvousPlan {
 // the endpoint names this node: its --local_addr when given (so that
 // 127.0.0.2 and 127.0.0.3 stand for two nodes), else a loopback address,
 // this host's name, or one of its interfaces' addresses. The advertised
-// address is --local_addr, else the local address of the route to the
-// rendezvous (never a guessed name). Authentication: the token file, else
+// address is --local_addr; else, for node 0 of a static rendezvous,
+// --master_addr as given when it names this node (torchrun passes it
+// through as MASTER_ADDR); else the local address of the route to the
+// rendezvous (never a guessed name), with a notice when that replaces a
+// --master_addr that is not this node's. Authentication: the token file, else
 // $CTRUN_RDZV_TOKEN from `env`, else munge in a Slurm rendezvous, else none.
 //
 // INVALID_ARGUMENT when --local_addr (or a single node's --master_addr) is

@@ -172,6 +172,30 @@ TEST_CASE("A static rendezvous follows the node ranks and the given port",
         std::string::npos);
 }
 
+TEST_CASE(
+    "Without --local_addr, a static job's workers get the --master_addr given "
+    "as MASTER_ADDR, as under torchrun",
+    "[multinode][integration]") {
+  const int port = FreePort("127.0.0.2");
+  auto node = [&](int rank) {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), "--nnodes=2", "--nproc_per_node=1",
+        absl::StrCat("--node_rank=", rank), "--master_addr=127.0.0.2",
+        absl::StrCat("--master_port=", port), "/bin/sh", "-c", kIdentity});
+  };
+  auto first = node(0);
+  auto second = node(1);
+  const std::string out = first->ReadAll(kWait) + second->ReadAll(kWait);
+  INFO(out << first->Stderr() << second->Stderr());
+  REQUIRE(first->Wait(kWait) == 0);
+  REQUIRE(second->Wait(kWait) == 0);
+  const Seen seen = Parse(out);
+  CheckPermutation(seen, 2);
+  CHECK(seen.masters ==
+        std::set<std::string>{absl::StrCat("127.0.0.2:", port)});
+  CHECK(first->Stderr().find("note:") == std::string::npos);
+}
+
 // Workers that print their identity, then wait for a file to exist before
 // exiting 0 (so the test decides when the job ends).
 std::string Loop(const std::string& done_file) {

@@ -189,6 +189,20 @@ TEST_CASE("Multi-node launches need an endpoint or a static master",
   CHECK(hosts(node1->options).first == false);
   CHECK_FALSE(node0->options.is_host.has_value());
 
+  // Without --local_addr, node 0 advertises --master_addr as given when it
+  // names this node (loopback here), and says why when it does not.
+  auto loopback = Parse({"--nnodes=2", "--node_rank=0",
+                         "--master_addr=127.0.0.2", "--master_port=4000", "t"});
+  REQUIRE(loopback.ok());
+  auto as_given = PlanRendezvous(loopback->options, "node", {});
+  REQUIRE(as_given.ok());
+  CHECK(as_given->address == "127.0.0.2");
+  CHECK(as_given->notice.empty());
+  auto named = Parse({"--nnodes=2", "--node_rank=0", "--master_addr=node",
+                      "--master_port=4000", "t"});
+  REQUIRE(named.ok());
+  CHECK(PlanRendezvous(named->options, "node", {})->address == "node");
+
   auto elastic_static = Parse({"--nnodes=2:3", "--master_addr=h", "t"});
   CHECK(absl::IsInvalidArgument(elastic_static.status()));
   auto forced = Parse({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.5",
