@@ -154,6 +154,10 @@ constexpr FlagSpec kFlags[] = {
      "${group_rank} ${role_name}; empty for none"},
     {"dry_run", 0, Kind::kBool, "0", "",
      "print the launch plan with each value's source, start nothing"},
+    {"allow_batch_step", 0, Kind::kBool, "0", "",
+     "start a multi-node job in the batch step of a Slurm allocation, "
+     "which runs on its first node only: for when the other nodes are "
+     "started another way (by default ctrun stops with the srun line)"},
 };
 
 absl::Span<const FlagSpec> Flags() { return kFlags; }
@@ -489,6 +493,14 @@ struct SlurmContext {
   HostFacts host;  // with Slurm's GPU count when nothing else saw GPUs
 };
 
+// Whether --nnodes, however given, needs more than one node to start.
+bool NeedsOtherNodes(Raw& raw) {
+  const std::vector<std::string> parts =
+      absl::StrSplit(raw["nnodes"].text, ':');
+  const std::optional<int> min = ToInt(parts.front());
+  return min && *min > 1;
+}
+
 // Inside a Slurm job, fills what flags and PET_* left at their defaults:
 // the run id and, for a multi-node step, the node count, node rank and
 // rendezvous endpoint. Explicit rendezvous flags always win, as a whole.
@@ -516,14 +528,21 @@ absl::StatusOr<SlurmContext> ApplySlurmDefaults(
                   [&raw](const char* name) {
                     return raw[name].source != Source::kDefault;
                   });
+  // The batch step runs on the allocation's first node only: a job that
+  // needs other nodes would wait there for its join timeout.
+  const bool batch_step = f.num_nodes > 1 && !f.in_step() && !status;
+  if (batch_step && (!explicit_rendezvous || NeedsOtherNodes(raw)) &&
+      !ToBool(raw["allow_batch_step"].text).value_or(false)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this is the batch step of a ", f.num_nodes,
+        "-node Slurm allocation, which runs on its first node only; "
+        "start one ctrun per node: srun --ntasks-per-node=1 ctrun ",
+        absl::StrJoin(args, " "),
+        explicit_rendezvous ? " (or, if the other nodes are started another "
+                              "way, add --allow_batch_step)"
+                            : ""));
+  }
   if (f.num_nodes > 1 && !explicit_rendezvous) {
-    if (!f.in_step() && !status) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "this is the batch step of a ", f.num_nodes,
-          "-node Slurm allocation, which runs on its first node only; "
-          "start one ctrun per node: srun --ntasks-per-node=1 ctrun ",
-          absl::StrJoin(args, " ")));
-    }
     slurm.rendezvous = true;
     fill("nnodes", absl::StrCat(f.num_nodes));
     // Group ranks follow Slurm's node order, not the order of arrival.
@@ -746,6 +765,8 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   }
   CTRUN_RETURN_IF_ERROR(
       ConvertBool(raw, "virtual_local_rank", &o.virtual_local_rank));
+  CTRUN_RETURN_IF_ERROR(
+      ConvertBool(raw, "allow_batch_step", &o.allow_batch_step));
   o.role = raw.at("role").text;
   if (o.role.empty()) return BadValue(raw, "role", "must not be empty");
   CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "module", &o.module));

@@ -118,6 +118,9 @@ struct LaunchOptions {
   bool no_python = false;  // execute ENTRYPOINT directly
   // LOCAL_RANK=0 for every worker, each seeing only its own GPU.
   bool virtual_local_rank = false;
+  // Start a multi-node job in a Slurm allocation's batch step anyway (the
+  // other nodes are started some other way).
+  bool allow_batch_step = false;
   std::vector<int> signals_to_handle;
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // Hangs: the timeout, and how long every node then spends collecting its

@@ -177,6 +177,44 @@ TEST_CASE("The batch step of a multi-node allocation shows the srun line",
             "--lr=1") != std::string::npos);
 }
 
+TEST_CASE(
+    "The batch step stops a multi-node job at once with torchrun's explicit "
+    "flags too, unless told the other nodes start another way",
+    "[slurm][unit]") {
+  EnvMap env = TwoNodeStep(0);
+  env.erase("SLURM_STEP_ID");
+  const std::vector<std::string> recipe = {"--nnodes=2", "--node_rank=0",
+                                           "--master_addr=n1",
+                                           "--master_port=29500", "train.py"};
+  auto c = ParseCommandLine(recipe, env, kCpuHost);
+  REQUIRE(absl::IsInvalidArgument(c.status()));
+  CHECK(c.status().message() ==
+        "this is the batch step of a 2-node Slurm allocation, which runs on "
+        "its first node only; start one ctrun per node: srun "
+        "--ntasks-per-node=1 ctrun --nnodes=2 --node_rank=0 --master_addr=n1 "
+        "--master_port=29500 train.py (or, if the other nodes are started "
+        "another way, add --allow_batch_step)");
+  // However the node count comes.
+  EnvMap pet = env;
+  pet["PET_NNODES"] = "2";
+  CHECK(absl::IsInvalidArgument(
+      ParseCommandLine(
+          {"--rdzv_backend=c10d", "--rdzv_endpoint=n1:5000", "train.py"}, pet,
+          kCpuHost)
+          .status()));
+  // Told so, it starts; and a job that one node can run starts anyway.
+  std::vector<std::string> allowed = recipe;
+  allowed.insert(allowed.begin(), "--allow_batch_step");
+  CHECK(ParseCommandLine(allowed, env, kCpuHost).ok());
+  CHECK(ParseCommandLine({"--nnodes=1:2", "--rdzv_backend=c10d",
+                          "--rdzv_endpoint=n1:5000", "train.py"},
+                         env, kCpuHost)
+            .ok());
+  CHECK(ParseCommandLine({"--nnodes=1", "--master_addr=n1", "train.py"}, env,
+                         kCpuHost)
+            .ok());
+}
+
 TEST_CASE("ctrun status in any step of an allocation finds its rendezvous",
           "[slurm][unit]") {
   EnvMap batch = TwoNodeStep(0);
