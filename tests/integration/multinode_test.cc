@@ -196,6 +196,36 @@ TEST_CASE(
   CHECK(first->Stderr().find("note:") == std::string::npos);
 }
 
+TEST_CASE(
+    "Node 0 of a static job whose --master_port+1 is taken stops before "
+    "starting anything, saying so in one line",
+    "[multinode][integration]") {
+  // Held by someone else: ctrun's rendezvous of the static form lives on
+  // --master_port+1 of node 0.
+  const int taken_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+  REQUIRE(bind(taken_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(taken_fd, 1) == 0);
+  socklen_t len = sizeof a;
+  getsockname(taken_fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int taken = ntohs(a.sin_port);
+  ChildProcess node({CtrunPath(), "--nnodes=2", "--node_rank=0",
+                     "--master_addr=127.0.0.2",
+                     absl::StrCat("--master_port=", taken - 1), "/bin/sh", "-c",
+                     "echo started"});
+  const std::string out = node.ReadAll(kWait);
+  CHECK(node.Wait(kWait) == 1);
+  CHECK(out.empty());
+  CHECK(node.Stderr() ==
+        absl::StrCat("ctrun: cannot host the rendezvous (node rank 0 of a "
+                     "static rendezvous, on --master_port+1 = ",
+                     taken, "): cannot listen on 127.0.0.2:", taken,
+                     " (address in use, or not an address of this machine)\n"));
+  close(taken_fd);
+}
+
 // Workers that print their identity, then wait for a file to exist before
 // exiting 0 (so the test decides when the job ends).
 std::string Loop(const std::string& done_file) {
