@@ -181,6 +181,7 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   std::filesystem::create_directories(paths.python_dir + "/ctrun", ec);
   for (const auto& [file, text] :
        {std::pair{paths.python_dir + "/ctrun/__init__.py", kPythonModule},
+        std::pair{paths.python_dir + "/ctrun/_recovery.py", kPythonRecovery},
         std::pair{paths.python_dir + "/sitecustomize.py",
                   kPythonSitecustomize}}) {
     if (!(std::ofstream(file) << text)) {
@@ -516,22 +517,49 @@ void Agent::Apply(const AgentEffect& effect) {
   } else if (auto* timed_out = std::get_if<e::KillTimedOut>(&effect)) {
     KillTimedOut(*timed_out);
   } else if (auto* start = std::get_if<e::StartWorkers>(&effect)) {
-    master_port_ = start->assignment.master_port();
-    if (board_) board_->Clear();
-    const std::vector<WorkerStart> started = workers_->Start(start->assignment);
-    std::vector<int> ranks;
-    rank_runs_.clear();
-    for (const WorkerStart& w : started) {
-      ranks.push_back(static_cast<int>(start->assignment.first_global_rank()) +
-                      w.local_rank);
-      rank_runs_.push_back(RankRun{ranks.back(), absl::Now(), std::nullopt});
+    const v1::Assignment& a = start->assignment;
+    master_port_ = a.master_port();
+    const bool some = !start->local_ranks.empty();
+    if (board_ && !some) board_->Clear();
+    if (board_) {
+      for (int lr : start->local_ranks) board_->Clear(lr);
     }
+    const std::vector<WorkerStart> started =
+        some ? workers_->StartSome(a, start->local_ranks) : workers_->Start(a);
+    if (!some) rank_runs_.clear();
+    rank_runs_.resize(static_cast<size_t>(
+        std::max<int>(static_cast<int>(rank_runs_.size()),
+                      some ? config_.workers.options.local_world_size : 0)));
+    for (const WorkerStart& w : started) {
+      const int rank = static_cast<int>(a.first_global_rank()) + w.local_rank;
+      if (some) {
+        rank_runs_[static_cast<size_t>(w.local_rank)] =
+            RankRun{rank, absl::Now(), std::nullopt};
+      } else {
+        rank_runs_.push_back(RankRun{rank, absl::Now(), std::nullopt});
+      }
+    }
+    std::vector<int> ranks;
+    for (const RankRun& run : rank_runs_) ranks.push_back(run.rank);
     if (gpu_watch_) gpu_watch_->Start(MonotonicNow(), std::move(ranks));
     AgentEffects more;
     policy_.OnWorkersStarted(started, MonotonicNow(), &more);
     Apply(std::move(more));
   } else if (auto* signal = std::get_if<e::SignalWorkers>(&effect)) {
     workers_->Signal(signal->signal);
+  } else if (auto* one = std::get_if<e::SignalWorker>(&effect)) {
+    workers_->SignalOne(one->local_rank, one->signal);
+  } else if (auto* end = std::get_if<e::EndRound>(&effect)) {
+    workers_->EndRound(end->round);
+  } else if (auto* hand = std::get_if<e::HandOver>(&effect)) {
+    master_port_ = hand->assignment.master_port();
+    workers_->HandOver(hand->assignment, hand->local_ranks);
+    for (int lr : hand->local_ranks) {
+      if (static_cast<size_t>(lr) < rank_runs_.size()) {
+        rank_runs_[static_cast<size_t>(lr)].rank =
+            static_cast<int>(hand->assignment.first_global_rank()) + lr;
+      }
+    }
   } else if (std::holds_alternative<e::AbandonWorkers>(effect)) {
     for (int lr = 0; lr < config_.workers.options.local_world_size; ++lr) {
       if (const pid_t pid = workers_->PidOf(lr); pid > 0) {

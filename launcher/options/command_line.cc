@@ -133,6 +133,14 @@ constexpr FlagSpec kFlags[] = {
      "SIGUSR2 are always forwarded"},
     {"shutdown_timeout", 0, Kind::kValue, "30", "SECONDS",
      "how long stopped workers get before SIGKILL"},
+    {"recovery", 0, Kind::kValue, "restart", "restart|inprocess",
+     "what a worker failure or a node change does to the workers that still "
+     "run: restart stops them all and starts new ones (torchrun's way); "
+     "inprocess keeps those that run under ctrun.resilient, hands them the "
+     "new world, and starts processes only for the ranks that lost theirs"},
+    {"recovery_timeout", 0, Kind::kValue, "30", "SECONDS",
+     "with --recovery=inprocess: how long a kept worker may take to leave "
+     "the old round before it is restarted the old way"},
     {"hang_timeout", 0, Kind::kValue, "off", "SECONDS|auto|off",
      "a worker that sends no progress signal (ctrun.heartbeat(), a "
      "section) for this long is hung: every node collects its workers' "
@@ -791,6 +799,8 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   }
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "shutdown_timeout", &o.shutdown_timeout));
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "recovery_timeout", &o.recovery_timeout));
   return ConvertHang(raw, o);
 }
 
@@ -835,6 +845,14 @@ absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
     o.worker_tty = WorkerTty::kNo;
   } else {
     return BadValue(raw, "worker_tty", "expected auto, yes or no");
+  }
+  const std::string& recovery = raw.at("recovery").text;
+  if (recovery == "restart") {
+    o.recovery = Recovery::kRestart;
+  } else if (recovery == "inprocess") {
+    o.recovery = Recovery::kInProcess;
+  } else {
+    return BadValue(raw, "recovery", "expected restart or inprocess");
   }
   for (auto [name, out] :
        {std::pair{"duplicate_stdout_filters", &o.duplicate_filters[0]},

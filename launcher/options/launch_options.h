@@ -49,6 +49,13 @@ absl::StatusOr<StreamSelection> ParseStreamSelection(const std::string& text);
 // which is when torchrun's worker would write to the terminal itself.
 enum class WorkerTty { kAuto, kYes, kNo };
 
+// --recovery: what a new round does with the workers that still run.
+// kRestart (torchrun's): stops them all and starts new ones. kInProcess:
+// keeps those that run under ctrun.resilient (or worker_lib's re-creatable
+// communicator), hands them the new world, and starts processes only for
+// the ranks that have none.
+enum class Recovery { kRestart, kInProcess };
+
 // --hang_timeout: when a worker that sends no progress signal is hung
 // (progress_monitor.h says how each mode counts).
 struct HangTimeout {
@@ -123,6 +130,10 @@ struct LaunchOptions {
   bool allow_batch_step = false;
   std::vector<int> signals_to_handle;
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  Recovery recovery = Recovery::kRestart;
+  // With kInProcess: how long a kept worker may take to leave the old round
+  // before it is restarted the old way.
+  absl::Duration recovery_timeout = absl::Seconds(30);
   // Hangs: the timeout, and how long every node then spends collecting its
   // workers' stacks before stopping them.
   HangTimeout hang_timeout;

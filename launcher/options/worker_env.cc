@@ -8,6 +8,41 @@
 
 namespace ctrun {
 
+EnvMap WorldVariables(const LaunchOptions& options, const v1::Assignment& a,
+                      int local_rank) {
+  const int rank = static_cast<int>(a.first_global_rank()) + local_rank;
+  EnvMap e;
+  e[env::kLocalRank] =
+      options.virtual_local_rank ? "0" : absl::StrCat(local_rank);
+  e[env::kRank] = absl::StrCat(rank);
+  e[env::kGroupRank] = absl::StrCat(a.group_rank());
+  // One role per job: role ranks are global ranks.
+  e[env::kRoleRank] = absl::StrCat(rank);
+  e[env::kLocalWorldSize] = absl::StrCat(options.local_world_size);
+  e[env::kWorldSize] = absl::StrCat(a.world_size());
+  e[env::kGroupWorldSize] = absl::StrCat(a.group_world_size());
+  e[env::kRoleWorldSize] = absl::StrCat(a.world_size());
+  e[env::kMasterAddr] = a.master_addr();
+  e[env::kMasterPort] = absl::StrCat(a.master_port());
+  e[env::kRestartCount] = absl::StrCat(a.restart_count());
+  e[env::kStoreRound] = absl::StrCat(a.round());
+  return e;
+}
+
+std::string WorldFileText(const LaunchOptions& options, const v1::Assignment& a,
+                          int local_rank) {
+  std::string text =
+      absl::StrCat(kWorldRound, "=", a.round(), "\n", kWorldState, "=ready\n");
+  for (const auto& [key, value] : WorldVariables(options, a, local_rank)) {
+    absl::StrAppend(&text, key, "=", value, "\n");
+  }
+  return text;
+}
+
+std::string RoundEndingText(int64_t round) {
+  return absl::StrCat(kWorldRound, "=", round, "\n", kWorldState, "=ending\n");
+}
+
 EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
                          int local_rank, const EnvMap& agent_env,
                          const StoreAccess& store,
@@ -17,8 +52,9 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
   // The service's token reaches every job on a shared ctrund: workers get
   // their job's token (store.token) instead.
   e.erase(env::kRendezvousToken);
-  const int rank = a.first_global_rank() + local_rank;
-  e[env::kLocalRank] = absl::StrCat(local_rank);
+  for (auto& [key, value] : WorldVariables(options, a, local_rank)) {
+    e[key] = std::move(value);
+  }
   if (options.virtual_local_rank) {
     // Each worker sees one GPU, its own, as device 0 (torchrun's
     // --virtual-local-rank): the agent's list narrowed, or the index.
@@ -31,20 +67,8 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
       }
     }
     e[env::kCudaVisibleDevices] = device;
-    e[env::kLocalRank] = "0";
   }
-  e[env::kRank] = absl::StrCat(rank);
-  e[env::kGroupRank] = absl::StrCat(a.group_rank());
-  // One role per job: role ranks are global ranks.
-  e[env::kRoleRank] = absl::StrCat(rank);
   e[env::kRoleName] = options.role;
-  e[env::kLocalWorldSize] = absl::StrCat(options.local_world_size);
-  e[env::kWorldSize] = absl::StrCat(a.world_size());
-  e[env::kGroupWorldSize] = absl::StrCat(a.group_world_size());
-  e[env::kRoleWorldSize] = absl::StrCat(a.world_size());
-  e[env::kMasterAddr] = a.master_addr();
-  e[env::kMasterPort] = absl::StrCat(a.master_port());
-  e[env::kRestartCount] = absl::StrCat(a.restart_count());
   e[env::kMaxRestarts] = absl::StrCat(a.max_restarts());
   e[env::kRunId] = options.run_id;
   // PyTorch's rank 0 hosts its own TCPStore on MASTER_PORT.
@@ -55,7 +79,6 @@ EnvMap WorkerEnvironment(const LaunchOptions& options, const v1::Assignment& a,
   if (options.local_world_size > 1) e.try_emplace(env::kOmpNumThreads, "1");
   e[env::kStoreEndpoint] = store.endpoint;
   e[env::kStoreJob] = a.job_id();
-  e[env::kStoreRound] = absl::StrCat(a.round());
   if (!store.token.empty()) e[env::kStoreToken] = store.token;
   if (store.munge) {
     e[env::kStoreAuth] = "munge";

@@ -34,6 +34,25 @@ EnvMap WorkerEnvironment(const LaunchOptions& options,
                          const std::string& node_address,
                          const std::string& error_file);
 
+// The variables that say where a worker stands in `assignment`'s world:
+// its ranks, the world's sizes, the master, the restart count and the
+// store's round. In-process recovery hands exactly these to a kept worker.
+EnvMap WorldVariables(const LaunchOptions& options,
+                      const v1::Assignment& assignment, int local_rank);
+
+// The world file (CTRUN_WORLD_FILE) through which the agent hands a kept
+// worker a new round under --recovery=inprocess. Text, one KEY=VALUE per
+// line; the agent replaces it whole (rename), so a reader sees one version:
+//   CTRUN_ROUND=N            the round the file is about
+//   CTRUN_ROUND_STATE=ending round N ends: leave what you are doing
+//                    =ready  round N's world follows (WorldVariables)
+// ctrun's Python module (ctrun.resilient) and worker_lib read it.
+inline constexpr char kWorldRound[] = "CTRUN_ROUND";
+inline constexpr char kWorldState[] = "CTRUN_ROUND_STATE";
+std::string WorldFileText(const LaunchOptions& options,
+                          const v1::Assignment& assignment, int local_rank);
+std::string RoundEndingText(int64_t round);
+
 // Where the node's workers report progress (progress_board.h), and what
 // ctrun gives them for it.
 struct ProgressPaths {

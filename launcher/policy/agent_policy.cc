@@ -407,7 +407,6 @@ void AgentPolicy::SendRejoinIfOwed(AgentEffects* effects) {
 void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
                                AgentEffects* effects) {
   if (phase_ != Phase::kJoining) return;
-  (void)now;
   const auto& o = config_.options;
   assignment_ = a;
   ++assignments_;
@@ -417,11 +416,25 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   progress_.reset();
   progress_due_ = absl::InfiniteFuture();
   progress_printed_ = absl::InfinitePast();
+  // In-process recovery: the workers still running keep their processes
+  // (and their slots); the other local ranks get new ones.
+  std::vector<Worker> before = std::move(workers_);
   workers_.assign(static_cast<size_t>(o.local_world_size), Worker{});
+  std::vector<int> kept, fresh;
   for (int lr = 0; lr < o.local_world_size; ++lr) {
-    workers_[static_cast<size_t>(lr)].local_rank = lr;
-    workers_[static_cast<size_t>(lr)].rank =
-        static_cast<int>(a.first_global_rank()) + lr;
+    Worker& w = workers_[static_cast<size_t>(lr)];
+    if (static_cast<size_t>(lr) < before.size() &&
+        before[static_cast<size_t>(lr)].alive) {
+      w = before[static_cast<size_t>(lr)];
+      w.kept = true;
+      w.restarting = false;
+      w.timer_scope.clear();
+      kept.push_back(lr);
+    } else {
+      fresh.push_back(lr);
+    }
+    w.local_rank = lr;
+    w.rank = static_cast<int>(a.first_global_rank()) + lr;
   }
   if (!omp_notice_given_ && o.local_world_size > 1 &&
       !config_.omp_threads_set) {
@@ -458,7 +471,33 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
                       a.restart_count(), "/", a.max_restarts(), ")"),
          effects);
   }
-  effects->push_back(StartWorkers{a});
+  if (kept.empty()) {
+    effects->push_back(StartWorkers{a, {}});
+    return;
+  }
+  auto ranks = [&](const std::vector<int>& local_ranks) {
+    std::vector<int> r;
+    for (int lr : local_ranks) r.push_back(workers_[lr].rank);
+    return absl::StrJoin(r, ",");
+  };
+  std::string line =
+      absl::StrCat("round ", a.round(), ": rank", kept.size() == 1 ? " " : "s ",
+                   ranks(kept), " kept their processes");
+  if (!fresh.empty()) {
+    absl::StrAppend(&line, "; new process", fresh.size() == 1 ? "" : "es",
+                    " for rank", fresh.size() == 1 ? " " : "s ", ranks(fresh));
+  }
+  Tell(line, effects);
+  Record("workers_kept", effects)
+      .set_detail(absl::StrCat("kept ranks [", ranks(kept), "]; new ranks [",
+                               ranks(fresh), "]"));
+  effects->push_back(agent_effect::HandOver{a, kept});
+  recovery_deadline_ = now + o.recovery_timeout;
+  if (!fresh.empty()) {
+    effects->push_back(StartWorkers{a, fresh});
+    return;
+  }
+  WorkersUp(now, effects);
 }
 
 void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
@@ -478,6 +517,8 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
       w.pid = s.pid;
       w.alive = true;
       w.started = now;
+      w.kept = w.restarting = w.resilient = false;
+      w.round_left = -1;
       e.set_pid(s.pid);
       continue;
     }
@@ -489,6 +530,10 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
         now, effects);
     return;
   }
+  WorkersUp(now, effects);
+}
+
+void AgentPolicy::WorkersUp(absl::Time now, AgentEffects* effects) {
   std::vector<int> ranks;
   for (const Worker& w : workers_) ranks.push_back(w.rank);
   monitor_.Start(std::move(ranks), now);
@@ -537,8 +582,15 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
     return OnStopped(now, effects);
   }
   if (phase_ != Phase::kRunning) return;
+  if (it->restarting) {
+    // In-process recovery killed it for not taking the new world in time.
+    effects->push_back(StartWorkers{*assignment_, {it->local_rank}});
+    return;
+  }
   if (e.signal == 0 && e.exit_code == 0) {
-    if (live_workers() == 0) {
+    // Not over a failure that the rendezvous has yet to answer (the
+    // others kept running for in-process recovery).
+    if (live_workers() == 0 && report_ != v1::WorkerReport::FAILED) {
       monitor_.Stop();
       report_ = v1::WorkerReport::SUCCEEDED;
       phase_ = Phase::kWaiting;
@@ -559,7 +611,10 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
       : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
                  : absl::StrCat("exited with code ", e.exit_code);
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
-                    ", pid ", it->pid, ") ", how, "; stopping the others"),
+                    ", pid ", it->pid, ") ", how,
+                    inprocess() ? "; the others keep running "
+                                  "(--recovery=inprocess)"
+                                : "; stopping the others"),
        effects);
   OnWorkerFailure(
       WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
@@ -575,6 +630,10 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
                                  AgentEffects* effects) {
   if (phase_ != Phase::kRunning) return;
   wall_offset_ = wall_now - now;
+  for (size_t i = 0; i < samples.size() && i < workers_.size(); ++i) {
+    workers_[i].resilient = samples[i].resilient;
+    workers_[i].round_left = samples[i].round_left;
+  }
   const std::vector<SilentWorker> silent = monitor_.Observe(samples, now);
   if (const std::vector<int> ranks = monitor_.TakeUnsignalled();
       !ranks.empty()) {
@@ -746,9 +805,47 @@ void AgentPolicy::OnTimerRequest(absl::string_view line, absl::Time now,
 void AgentPolicy::OnWorkerFailure(const WorkerFailureRecord& failure,
                                   absl::Time now, AgentEffects* effects) {
   failures_.push_back(failure);
+  const bool first = report_ != v1::WorkerReport::FAILED;
   report_ = v1::WorkerReport::FAILED;
-  Report(effects);
-  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+  if (!inprocess()) {
+    Report(effects);
+    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+    return;
+  }
+  // The survivors keep running; the rendezvous's restart decides. Told
+  // now, they leave the old round while it is decided.
+  if (first) Report(effects);
+  EndRoundOnce(effects);
+}
+
+void AgentPolicy::EndRoundOnce(AgentEffects* effects) {
+  if (!assignment_ || ended_round_ == assignment_->round() ||
+      live_workers() == 0) {
+    return;
+  }
+  ended_round_ = assignment_->round();
+  effects->push_back(agent_effect::EndRound{ended_round_});
+}
+
+bool AgentPolicy::KeepsWorkers(const v1::RestartRequired& r,
+                               AgentEffects* effects) const {
+  if (!inprocess() || r.collect_evidence() || next_ == Next::kJoinAfresh ||
+      live_workers() == 0) {
+    return false;
+  }
+  if (phase_ != Phase::kRunning && phase_ != Phase::kJoining) return false;
+  std::vector<int> plain;
+  for (const Worker& w : workers_) {
+    if (w.alive && !w.resilient) plain.push_back(w.rank);
+  }
+  if (plain.empty()) return true;
+  Tell(absl::StrCat("rank", plain.size() == 1 ? " " : "s ",
+                    absl::StrJoin(plain, ","),
+                    " do not run under ctrun.resilient (or worker_lib's "
+                    "re-creatable communicator): restarting this node's "
+                    "workers the old way"),
+       effects);
+  return false;
 }
 
 void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
@@ -761,6 +858,21 @@ void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
     e.set_reason(RestartReasonName(r.reason()));
     e.set_detail(r.detail());
     e.set_restart_count(r.restart_count());
+  }
+  if (KeepsWorkers(r, effects)) {
+    Tell(
+        absl::StrCat("round ", r.round(), " (restarts used ", r.restart_count(),
+                     "/", config_.options.max_restarts, "): ", r.detail(),
+                     "; the live workers keep their processes "
+                     "(--recovery=inprocess)"),
+        effects);
+    EndRoundOnce(effects);
+    phase_ = Phase::kJoining;
+    monitor_.Stop();
+    recovery_deadline_ = absl::InfiniteFuture();
+    owed_rejoin_ = r.round();
+    SendRejoinIfOwed(effects);
+    return;
   }
   Tell(absl::StrCat("restarting the workers (round ", r.round(),
                     ", restarts used ", r.restart_count(), "/",
@@ -918,6 +1030,7 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
   if (now >= ProgressDue()) PrintProgress(now, effects);
   if (now >= evidence_deadline_) EndEvidence(now, effects);
   TickProgress(now, effects);
+  TickRecovery(now, effects);
   TickFileTimers(now, effects);
   TickSession(now, effects);
   TickStopping(now, effects);
@@ -1034,11 +1147,40 @@ void AgentPolicy::TickStopping(absl::Time now, AgentEffects* effects) {
   }
 }
 
+void AgentPolicy::TickRecovery(absl::Time now, AgentEffects* effects) {
+  if (phase_ != Phase::kRunning || !assignment_) return;
+  const int64_t round = assignment_->round();
+  const bool waiting =
+      std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+        return w.alive && w.kept && w.round_left < round && !w.restarting;
+      });
+  if (!waiting) {
+    recovery_deadline_ = absl::InfiniteFuture();
+    return;
+  }
+  if (now < recovery_deadline_) return;
+  recovery_deadline_ = absl::InfiniteFuture();
+  for (Worker& w : workers_) {
+    if (!w.alive || !w.kept || w.round_left >= round || w.restarting) continue;
+    Tell(
+        absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
+                     w.pid, ") did not take round ", round, "'s world within ",
+                     absl::FormatDuration(config_.options.recovery_timeout),
+                     " (--recovery_timeout): blocked where ctrun.resilient "
+                     "cannot reach it; restarting it in a new process"),
+        effects);
+    Record("worker_not_recovered", effects).set_rank(w.rank);
+    w.restarting = true;
+    effects->push_back(agent_effect::SignalWorker{w.local_rank, SIGKILL});
+  }
+}
+
 absl::Time AgentPolicy::NextDeadline() const {
   if (phase_ == Phase::kDone) return absl::InfiniteFuture();
   const absl::Time running =
       phase_ == Phase::kRunning
-          ? std::min(monitor_.NextPoll(), timers_.NextExpiry())
+          ? std::min(
+                {monitor_.NextPoll(), timers_.NextExpiry(), recovery_deadline_})
           : absl::InfiniteFuture();
   return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
                    reopen_at_, next_heartbeat_, kill_deadline_,

@@ -63,6 +63,16 @@
 // - torchrun's file timers (file_timers.h): an expired one kills its
 //   process with the timer's signal; a worker that dies of it is a failure
 //   whose cause names the scope. The agent is not signalled (torchrun's is).
+// - In-process recovery (--recovery=inprocess): a worker failure is
+//   reported as always, but the live workers are told that their round
+//   ends (EndRound) instead of being stopped. A restart, a lost or a new
+//   node, keeps them (unless one of them does not recover in process: its
+//   slot on the board says; then this node restarts the old way): the node
+//   rejoins with its workers running, hands the kept ones the new world
+//   (HandOver), starts processes only for the local ranks that have none,
+//   and gives each kept worker --recovery_timeout to take the new world;
+//   one that does not is killed and started again, and its end is no
+//   failure.
 // - Events (Record, docs/events.md): the assignment, each worker's start
 //   and exit, a hang, a restart asked for, the job's end and the agent's
 //   exit, as they are decided.
@@ -115,10 +125,28 @@ struct Send {
 struct SendRejoin {
   int64_t round;
 };
-// Starts one worker per local rank; the loop answers with
+// Starts one worker per local rank, or only those at `local_ranks` beside
+// the live ones (in-process recovery); the loop answers with
 // OnWorkersStarted.
 struct StartWorkers {
   v1::Assignment assignment;
+  std::vector<int> local_ranks;  // empty: every local rank
+};
+// In-process recovery: tells every live worker that `round` ends (its world
+// file), so that ctrun.resilient releases it from what it is doing.
+struct EndRound {
+  int64_t round;
+};
+// In-process recovery: hands the live workers at `local_ranks` the world of
+// `assignment`.
+struct HandOver {
+  v1::Assignment assignment;
+  std::vector<int> local_ranks;
+};
+// `signal` to the live worker at `local_rank` (its process group).
+struct SignalWorker {
+  int local_rank;
+  int signal;
 };
 // `signal` to every live worker's process group.
 struct SignalWorkers {
@@ -168,16 +196,16 @@ struct Record {
 };
 }  // namespace agent_effect
 
-using AgentEffect =
-    std::variant<agent_effect::Say, agent_effect::Print,
-                 agent_effect::OpenSession, agent_effect::CancelSession,
-                 agent_effect::Send, agent_effect::SendRejoin,
-                 agent_effect::StartWorkers, agent_effect::SignalWorkers,
-                 agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
-                 agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
-                 agent_effect::ReadProgress, agent_effect::CollectEvidence,
-                 agent_effect::EndEvidence, agent_effect::KillTimedOut,
-                 agent_effect::Exit, agent_effect::Record>;
+using AgentEffect = std::variant<
+    agent_effect::Say, agent_effect::Print, agent_effect::OpenSession,
+    agent_effect::CancelSession, agent_effect::Send, agent_effect::SendRejoin,
+    agent_effect::StartWorkers, agent_effect::EndRound, agent_effect::HandOver,
+    agent_effect::SignalWorker, agent_effect::SignalWorkers,
+    agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
+    agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
+    agent_effect::ReadProgress, agent_effect::CollectEvidence,
+    agent_effect::EndEvidence, agent_effect::KillTimedOut, agent_effect::Exit,
+    agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 // "SIGTERM", or "signal N" for a number with no name.
@@ -312,6 +340,15 @@ class AgentPolicy {
     std::string timer_scope;
     int timer_signal = 0;
     absl::Time started;
+    // In-process recovery: its slot says it recovers in process, and the
+    // last round whose world it took.
+    bool resilient = false;
+    int64_t round_left = -1;
+    // It kept its process into this round.
+    bool kept = false;
+    // Killed for not taking the new world in time: its end is no failure,
+    // and it is started again.
+    bool restarting = false;
   };
 
   // Appends an event of the current round (if any) to `effects`.
@@ -373,6 +410,19 @@ class AgentPolicy {
   void TickFileTimers(absl::Time now, AgentEffects* effects);
   void TickSession(absl::Time now, AgentEffects* effects);
   void TickStopping(absl::Time now, AgentEffects* effects);
+  void TickRecovery(absl::Time now, AgentEffects* effects);
+
+  // In-process recovery: whether the restart to `round` keeps this node's
+  // live workers (all of them recover in process); says why not when not.
+  bool KeepsWorkers(const v1::RestartRequired& restart,
+                    AgentEffects* effects) const;
+  // Tells the live workers that this round ends, once per round.
+  void EndRoundOnce(AgentEffects* effects);
+  // The workers of the new assignment run (those started, those kept).
+  void WorkersUp(absl::Time now, AgentEffects* effects);
+  bool inprocess() const {
+    return config_.options.recovery == Recovery::kInProcess;
+  }
 
   // The session broke; `why` for the operator. `redirected`: a standby
   // sent it to the leader, which is no news: at once and quietly.
@@ -431,6 +481,10 @@ class AgentPolicy {
   absl::Time kill_deadline_ = absl::InfiniteFuture();
   absl::Time give_up_deadline_ = absl::InfiniteFuture();
   absl::Time evidence_deadline_ = absl::InfiniteFuture();
+  // In-process recovery: when the kept workers must have taken the new
+  // world; the round the live workers were last told ends.
+  absl::Time recovery_deadline_ = absl::InfiniteFuture();
+  int64_t ended_round_ = -1;
   // The round's latest progress while joining, when it came, and when it
   // is next printed (InfiniteFuture: none came yet).
   std::optional<v1::Progress> progress_;

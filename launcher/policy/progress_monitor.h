@@ -57,6 +57,12 @@ struct ProgressSample {
   std::string section;  // innermost open one; "" none
   bool untimed = false;
   bool done = false;  // it sends no more signals: not timed
+  // In-process recovery (progress_board.h): it recovers in process, and the
+  // last round whose world it took and whose communicator it formed (-1:
+  // none).
+  bool resilient = false;
+  int64_t round_left = -1;
+  int64_t round_ready = -1;
 };
 
 // A worker past its timeout.

@@ -114,6 +114,11 @@ void ProgressBoard::Clear() {
               size_ - progress::kHeaderSize);
 }
 
+void ProgressBoard::Clear(int slot) {
+  if (slot < 0 || slot >= slots_) return;
+  std::memset(static_cast<void*>(SlotAt(map_, slot)), 0, progress::kSlotSize);
+}
+
 std::vector<ProgressSample> ProgressBoard::Read() const {
   std::vector<ProgressSample> samples(static_cast<size_t>(slots_));
   for (int i = 0; i < slots_; ++i) {
@@ -133,7 +138,11 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
       s.untimed = slot->flags.load() & progress::kUntimed;
       if (slot->seq.load(std::memory_order_acquire) == seq) break;
     }
-    s.done = slot->flags.load() & progress::kDone;
+    const uint32_t flags = slot->flags.load();
+    s.done = flags & progress::kDone;
+    s.resilient = flags & progress::kResilient;
+    s.round_left = static_cast<int64_t>(slot->round_left.load()) - 1;
+    s.round_ready = static_cast<int64_t>(slot->round_ready.load()) - 1;
     s.beats = slot->beats.load(std::memory_order_acquire);
     s.beat_time = FromMonotonicNs(slot->beat_ns.load());
     s.busy = absl::Nanoseconds(slot->busy_ns.load());

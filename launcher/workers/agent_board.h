@@ -48,8 +48,10 @@ class ProgressBoard {
   const std::string& path() const { return path_; }
   int slots() const { return slots_; }
 
-  // Clears every slot, before a new attempt's workers start.
+  // Clears every slot, before a new attempt's workers start; or one, before
+  // a worker replacing another starts in it.
   void Clear();
+  void Clear(int slot);
   // Every slot as it stands now. Times are on the monotonic clock that
   // MonotonicNow() reads.
   std::vector<ProgressSample> Read() const;

@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "ctrun/environment.h"
 #include "launcher/workers/proc.h"
 #include "launcher/workers/worker_process.h"
 
@@ -116,6 +118,32 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
                     .c_str(),
                 O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
+  std::vector<WorkerStart> started;
+  for (int lr = 0; lr < o.local_world_size; ++lr) {
+    started.push_back(Spawn(a, lr));
+    if (started.back().pid < 0) break;
+  }
+  return started;
+}
+
+std::vector<WorkerStart> WorkerGroup::StartSome(
+    const v1::Assignment& a, const std::vector<int>& local_ranks) {
+  // The kept workers' files stay in the attempt they started in; the new
+  // ones go to this round's.
+  attempt_dir_ = absl::StrCat(config_.run_dir, "/attempt_", a.round());
+  first_global_rank_ = static_cast<int>(a.first_global_rank());
+  std::error_code ec;
+  std::filesystem::create_directories(attempt_dir_, ec);
+  std::vector<WorkerStart> started;
+  for (int lr : local_ranks) {
+    started.push_back(Spawn(a, lr));
+    if (started.back().pid < 0) break;
+  }
+  return started;
+}
+
+WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr) {
+  const auto& o = config_.options;
   // Local rank 0 shares ctrun's process group when stdin is ctrun's
   // controlling terminal, so that it reads it (pdb, input()) as torchrun's
   // rank 0 can: while the job is in the terminal's foreground, and after
@@ -123,53 +151,95 @@ std::vector<WorkerStart> WorkerGroup::Start(const v1::Assignment& a) {
   // reach it with ctrun.
   const bool share_terminal =
       isatty(STDIN_FILENO) == 1 && tcgetsid(STDIN_FILENO) == getsid(0);
-  std::vector<WorkerStart> started;
-  for (int lr = 0; lr < o.local_world_size; ++lr) {
-    const int rank = static_cast<int>(a.first_global_rank()) + lr;
-    const std::string dir = absl::StrCat(attempt_dir, "/", lr);
-    std::filesystem::create_directories(dir, ec);
-    WorkerStart start;
-    start.local_rank = lr;
-    start.error_file = dir + "/error.json";
-    EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
-                                   config_.address, start.error_file);
-    if (!config_.progress.board.empty()) {
-      AddProgressEnvironment(o, config_.progress, lr, StacksFile(lr), &env);
-    }
-    SpawnOptions spawn;
-    spawn.own_group = !(share_terminal && lr == 0);
-    spawn.tty_stdout = PlanStream(lr, 1).tty;
-    spawn.tty_stderr = PlanStream(lr, 2).tty;
-    spawn.window_from = isatty(STDOUT_FILENO) ? STDOUT_FILENO : STDERR_FILENO;
-    if (lr < static_cast<int>(config_.bindings.size())) {
-      spawn.binding = &config_.bindings[lr];
-    }
-    auto spawned = spawner_->Spawn(config_.worker_argv, env, spawn);
-    if (!spawned.ok()) {
-      start.error = std::string(spawned.status().message());
-      start.wall_time = absl::Now();
-      started.push_back(std::move(start));
-      return started;
-    }
-    start.pid = spawned->pid;
-    // A worker in ctrun's group dies with ctrun by its parent-death signal;
-    // its group is not the watchdog's to kill.
-    if (config_.watchdog && spawn.own_group) {
-      config_.watchdog->Track(spawned->pid);
-    }
-    Worker w;
-    w.local_rank = lr;
-    w.pid = spawned->pid;
-    w.own_group = spawn.own_group;
-    w.alive = true;
-    w.out = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 1, dir);
-    w.err = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 2, dir);
-    workers_.push_back(std::move(w));
-    AddPipe(spawned->stdout_fd, workers_.size() - 1, 1);
-    AddPipe(spawned->stderr_fd, workers_.size() - 1, 2);
-    started.push_back(std::move(start));
+  const int rank = static_cast<int>(a.first_global_rank()) + lr;
+  const std::string dir = absl::StrCat(attempt_dir_, "/", lr);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  WorkerStart start;
+  start.local_rank = lr;
+  start.error_file = dir + "/error.json";
+  EnvMap env = WorkerEnvironment(o, a, lr, config_.env, config_.store,
+                                 config_.address, start.error_file);
+  if (!config_.progress.board.empty()) {
+    AddProgressEnvironment(o, config_.progress, lr, StacksFile(lr), &env);
   }
-  return started;
+  if (o.recovery == Recovery::kInProcess) {
+    // A replacement must not find the round its predecessor was told of.
+    std::filesystem::remove(WorldFile(lr), ec);
+    env[env::kRecovery] = "inprocess";
+    env[env::kWorldFile] = WorldFile(lr);
+  }
+  SpawnOptions spawn;
+  spawn.own_group = !(share_terminal && lr == 0);
+  spawn.tty_stdout = PlanStream(lr, 1).tty;
+  spawn.tty_stderr = PlanStream(lr, 2).tty;
+  spawn.window_from = isatty(STDOUT_FILENO) ? STDOUT_FILENO : STDERR_FILENO;
+  if (lr < static_cast<int>(config_.bindings.size())) {
+    spawn.binding = &config_.bindings[lr];
+  }
+  auto spawned = spawner_->Spawn(config_.worker_argv, env, spawn);
+  if (!spawned.ok()) {
+    start.error = std::string(spawned.status().message());
+    start.wall_time = absl::Now();
+    return start;
+  }
+  start.pid = spawned->pid;
+  // A worker in ctrun's group dies with ctrun by its parent-death signal;
+  // its group is not the watchdog's to kill.
+  if (config_.watchdog && spawn.own_group) {
+    config_.watchdog->Track(spawned->pid);
+  }
+  // A new entry even for a replacement: the one it replaces keeps its
+  // outputs until its pipes are drained.
+  Worker w;
+  w.local_rank = lr;
+  w.pid = spawned->pid;
+  w.own_group = spawn.own_group;
+  w.alive = true;
+  w.out = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 1, dir);
+  w.err = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 2, dir);
+  workers_.push_back(std::move(w));
+  AddPipe(spawned->stdout_fd, workers_.size() - 1, 1);
+  AddPipe(spawned->stderr_fd, workers_.size() - 1, 2);
+  return start;
+}
+
+std::string WorkerGroup::WorldFile(int local_rank) const {
+  return absl::StrCat(config_.run_dir, "/world_", local_rank);
+}
+
+void WorkerGroup::WriteWorldFile(int local_rank, const std::string& text) {
+  // Replaced whole, so that a worker reading it sees one version.
+  const std::string path = WorldFile(local_rank);
+  const std::string temporary = path + ".new";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    if (!out.flush()) return;
+  }
+  std::rename(temporary.c_str(), path.c_str());
+}
+
+void WorkerGroup::EndRound(int64_t round) {
+  for (const Worker& w : workers_) {
+    if (w.alive) WriteWorldFile(w.local_rank, RoundEndingText(round));
+  }
+}
+
+void WorkerGroup::HandOver(const v1::Assignment& a,
+                           const std::vector<int>& local_ranks) {
+  first_global_rank_ = static_cast<int>(a.first_global_rank());
+  for (int lr : local_ranks) {
+    WriteWorldFile(lr, WorldFileText(config_.options, a, lr));
+  }
+}
+
+void WorkerGroup::SignalOne(int local_rank, int signal) {
+  for (const Worker& w : workers_) {
+    if (w.alive && w.local_rank == local_rank) {
+      kill(w.own_group ? -w.pid : w.pid, signal);
+    }
+  }
 }
 
 void WorkerGroup::AddPipe(int fd, size_t worker, int stream) {
@@ -325,7 +395,10 @@ pid_t WorkerGroup::PidOf(int local_rank) const {
 
 std::vector<std::string> WorkerGroup::LastLines(int local_rank) const {
   std::vector<std::string> lines;
-  for (const Worker& w : workers_) {
+  // The newest process of the local rank (in-process recovery may have
+  // replaced one).
+  for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) {
+    const Worker& w = *it;
     if (w.local_rank != local_rank) continue;
     for (std::string line : w.tail) {
       while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) {
@@ -333,6 +406,7 @@ std::vector<std::string> WorkerGroup::LastLines(int local_rank) const {
       }
       lines.push_back(std::move(line));
     }
+    break;
   }
   return lines;
 }

@@ -70,6 +70,18 @@ class WorkerGroup {
   // attempt's must have been collected), in order, stopping at the first
   // that cannot be started.
   std::vector<WorkerStart> Start(const v1::Assignment& assignment);
+  // In-process recovery: starts workers for `local_ranks` only, in
+  // `assignment`'s round, beside the workers that still run.
+  std::vector<WorkerStart> StartSome(const v1::Assignment& assignment,
+                                     const std::vector<int>& local_ranks);
+  // In-process recovery, through each worker's world file
+  // (worker_env.h): tells every live worker that `round` ends; hands the
+  // workers at `local_ranks` `assignment`'s world.
+  void EndRound(int64_t round);
+  void HandOver(const v1::Assignment& assignment,
+                const std::vector<int>& local_ranks);
+  // Sends `signal` to the live worker at `local_rank` (its process group).
+  void SignalOne(int local_rank, int signal);
   // Sends `signal` to every live worker's process group (to the worker
   // alone in ctrun's group).
   void Signal(int signal);
@@ -127,6 +139,11 @@ class WorkerGroup {
     std::deque<std::string> tail;
   };
   static void AddToTail(Worker& w, absl::string_view bytes);
+
+  // Starts the worker at `lr` of `a`, in the attempt folder set.
+  WorkerStart Spawn(const v1::Assignment& a, int lr);
+  std::string WorldFile(int local_rank) const;
+  void WriteWorldFile(int local_rank, const std::string& text);
 
   struct StreamPlan;
   // Where local rank `local_rank`'s stream (1 stdout, 2 stderr) goes.

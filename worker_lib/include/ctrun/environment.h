@@ -60,6 +60,11 @@ inline constexpr char kStacksFile[] = "CTRUN_STACKS_FILE";
 // its Python children (multiprocessing's spawn, a subprocess) leave the
 // slot alone: their exit is not the worker's.
 inline constexpr char kProgressOwner[] = "CTRUN_PROGRESS_PID";
+// In-process recovery (--recovery=inprocess): "inprocess" in the first; the
+// second names the file where the agent hands the worker each new world
+// (launcher/options/world_file.h has its format).
+inline constexpr char kRecovery[] = "CTRUN_RECOVERY";
+inline constexpr char kWorldFile[] = "CTRUN_WORLD_FILE";
 // ctrun's Python module is appended here (never replacing the user's).
 inline constexpr char kPythonPath[] = "PYTHONPATH";
 // torchrun's file timers: the agent serves the FIFO when the first is 1, and

@@ -9,7 +9,7 @@
 // workers' PYTHONPATH write the same layout; this header is its definition.
 //
 // Layout (little-endian, native alignment):
-//   offset 0   char magic[8] = "CTRUNPB1"
+//   offset 0   char magic[8] = "CTRUNPB2"
 //          8   u32 slot_count
 //         12   u32 slot_size = 128
 //         64   slot 0, then slot 1, ...
@@ -23,9 +23,18 @@
 //         32   i64 event_ns       CLOCK_MONOTONIC of the last event
 //         40   i64 busy_ns        time spent in completed outermost sections
 //         48   u64 sections_done  outermost sections completed
-//         56   u32 flags          kUntimed, kStacksOnSignal, kDone
+//         56   u32 flags          kUntimed, kStacksOnSignal, kDone,
+//                                 kResilient
 //         60   u32 stack_signal   the signal that dumps Python stacks
-//         64   char section[64]   innermost open section, NUL-terminated
+//         64   u32 round_left     in-process recovery: 1 + the round whose
+//                                 world the worker took (it left the one
+//                                 before); 0 before any
+//         68   u32 round_ready    1 + the round whose communicator the
+//                                 worker has formed again; 0 before any
+//         72   char section[56]   innermost open section, NUL-terminated
+//
+// Version 2 ("CTRUNPB2") made room for the round fields in version 1's
+// section name (64 bytes); a writer finding another magic does nothing.
 #ifndef CTRUN_PROGRESS_BOARD_H_
 #define CTRUN_PROGRESS_BOARD_H_
 
@@ -35,10 +44,10 @@
 
 namespace ctrun::progress {
 
-inline constexpr char kMagic[8] = {'C', 'T', 'R', 'U', 'N', 'P', 'B', '1'};
+inline constexpr char kMagic[8] = {'C', 'T', 'R', 'U', 'N', 'P', 'B', '2'};
 inline constexpr size_t kHeaderSize = 64;
 inline constexpr size_t kSlotSize = 128;
-inline constexpr size_t kSectionNameSize = 64;  // with its NUL
+inline constexpr size_t kSectionNameSize = 56;  // with its NUL
 
 // Slot flags.
 // The innermost open section was entered as untimed (a checkpoint): no hang
@@ -50,6 +59,10 @@ inline constexpr uint32_t kStacksOnSignal = 1u << 1;
 // The worker sends no more progress signals (its loop ended; it is exiting):
 // no hang timeout runs for it any more.
 inline constexpr uint32_t kDone = 1u << 2;
+// The worker recovers in process (ctrun.resilient, or worker_lib's
+// re-creatable communicator): under --recovery=inprocess the agent keeps it
+// across rounds and hands it each new world.
+inline constexpr uint32_t kResilient = 1u << 3;
 
 struct Header {
   char magic[8];
@@ -67,10 +80,13 @@ struct Slot {
   std::atomic<uint64_t> sections_done;
   std::atomic<uint32_t> flags;
   std::atomic<uint32_t> stack_signal;
+  std::atomic<uint32_t> round_left;
+  std::atomic<uint32_t> round_ready;
   char section[kSectionNameSize];
 };
 static_assert(sizeof(Slot) == kSlotSize);
-static_assert(offsetof(Slot, section) == 64);
+static_assert(offsetof(Slot, round_left) == 64);
+static_assert(offsetof(Slot, section) == 72);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 }  // namespace ctrun::progress

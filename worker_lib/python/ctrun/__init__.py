@@ -35,21 +35,31 @@ import signal
 import struct
 import time
 
-__all__ = ["heartbeat", "section", "done", "reported"]
+__all__ = [
+    "heartbeat",
+    "section",
+    "done",
+    "reported",
+    "resilient",
+    "round",
+    "RoundChanged",
+]
 
-_MAGIC = b"CTRUNPB1"
+_MAGIC = b"CTRUNPB2"
 _HEADER = 64
 _SLOT = 128
-_NAME = 64
+_NAME = 56
 # Slot flags.
 _UNTIMED = 1
 _STACKS_ON_SIGNAL = 2
 _DONE_FLAG = 4
+_RESILIENT = 8
 
 # Word offsets in a slot (8-byte words).
 _SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _SECTIONS_DONE = range(7)
 _FLAGS_OFFSET = 56
-_NAME_OFFSET = 64
+_ROUNDS_OFFSET = 64  # u32 round_left, u32 round_ready
+_NAME_OFFSET = 72
 
 _words = None  # memoryview of the board as signed 64-bit words
 _map = None
@@ -136,6 +146,21 @@ def _publish(now=None):
     w[b + _SEQ] += 1
 
 
+def _mark_resilient():
+    """The slot says that this worker recovers in process."""
+    if _map is None:
+        return
+    flags, sig = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
+    struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _RESILIENT, sig)
+
+
+def _mark_round(which, round_number):
+    """which 0: the worker took round_number's world; 1: its communicator is
+    formed again. Stored as 1 + the round (0: none)."""
+    if _map is not None:
+        struct.pack_into("<I", _map, _offset + _ROUNDS_OFFSET + 4 * which, round_number + 1)
+
+
 def _forget():
     # A forked child is not the worker: its calls must not count.
     global _words, _map
@@ -204,3 +229,5 @@ try:
     _attach()
 except Exception:  # a worker must never fail because of its progress signals
     _forget()
+
+from ._recovery import RoundChanged, resilient, round  # noqa: E402

@@ -79,6 +79,17 @@ TEST_CASE("TORCH_ELASTIC_SHUTDOWN_TIMEOUT stands in for --shutdown_timeout",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon: expected seconds >= 0");
 }
 
+TEST_CASE("In-process recovery is opt-in, by flag or PET_RECOVERY",
+          "[launcher][unit]") {
+  CHECK(Parse({"t"})->options.recovery == Recovery::kRestart);
+  auto c = Parse({"--recovery=inprocess", "--recovery-timeout=4", "t"});
+  REQUIRE(c.ok());
+  CHECK(c->options.recovery == Recovery::kInProcess);
+  CHECK(c->options.recovery_timeout == absl::Seconds(4));
+  CHECK(Parse({"t"}, {{"PET_RECOVERY", "inprocess"}})->options.recovery ==
+        Recovery::kInProcess);
+}
+
 TEST_CASE("A bad PET_ value is named as the variable", "[launcher][unit]") {
   auto c = Parse({"train"}, {{"PET_NNODES", "x"}});
   REQUIRE(absl::IsInvalidArgument(c.status()));
@@ -96,6 +107,10 @@ TEST_CASE(
   };
   for (const Case& c : std::vector<Case>{
            {{"--nnodes=3:2", "t"}, "--nnodes=3:2", "MIN <= MAX"},
+           {{"--recovery=fast", "t"},
+            "--recovery=fast",
+            "restart or inprocess"},
+           {{"--recovery_timeout=-1", "t"}, "--recovery_timeout=-1", ">= 0"},
            {{"--nnodes=0", "t"}, "--nnodes=0", "1 <= MIN"},
            {{"--nproc_per_node=-1", "t"},
             "--nproc_per_node=-1",

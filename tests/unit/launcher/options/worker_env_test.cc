@@ -24,6 +24,27 @@ v1::Assignment MakeAssignment() {
   return a;
 }
 
+TEST_CASE("A kept worker's world file holds its new ranks, sizes and master",
+          "[launcher][unit]") {
+  LaunchOptions o;
+  o.local_world_size = 4;
+  const std::string text = WorldFileText(o, MakeAssignment(), 3);
+  CHECK(text.rfind("CTRUN_ROUND=2\nCTRUN_ROUND_STATE=ready\n", 0) == 0);
+  for (const char* line :
+       {"\nRANK=7\n", "\nLOCAL_RANK=3\n", "\nWORLD_SIZE=12\n",
+        "\nGROUP_RANK=1\n", "\nGROUP_WORLD_SIZE=3\n",
+        "\nMASTER_ADDR=10.1.1.1\n", "\nMASTER_PORT=31000\n",
+        "\nTORCHELASTIC_RESTART_COUNT=1\n", "\nCTRUN_STORE_ROUND=2\n"}) {
+    CHECK(text.find(line) != std::string::npos);
+  }
+  // Exactly the variables a new process of the round would get.
+  const EnvMap full = WorkerEnvironment(o, MakeAssignment(), 3, {}, {}, "", "");
+  for (const auto& [key, value] : WorldVariables(o, MakeAssignment(), 3)) {
+    CHECK(full.at(key) == value);
+  }
+  CHECK(RoundEndingText(5) == "CTRUN_ROUND=5\nCTRUN_ROUND_STATE=ending\n");
+}
+
 TEST_CASE("A virtual local rank is 0 and sees only its own GPU",
           "[launcher][unit]") {
   LaunchOptions o;

@@ -104,6 +104,26 @@ class Harness {
     policy_.OnWorkersStarted(started, now_, &more);
     effects_.insert(effects_.end(), more.begin(), more.end());
   }
+  // An assignment for `round` (first global rank `first`), not answered.
+  void AssignOnly(int64_t round, int first = 4, int world = 8) {
+    v1::ServerMessage m;
+    auto* a = m.mutable_assignment();
+    a->set_round(round);
+    a->set_group_rank(1);
+    a->set_first_global_rank(first);
+    a->set_world_size(world);
+    a->set_restart_count(round);
+    Message(m);
+  }
+  // The loop's answer to StartWorkers for `local_ranks`, pids 200 + rank.
+  void Started(const std::vector<int>& local_ranks) {
+    std::vector<WorkerStart> started;
+    for (int lr : local_ranks) {
+      started.push_back({lr, 200 + lr, "/run/" + std::to_string(lr), "", {}});
+    }
+    effects_.clear();
+    policy_.OnWorkersStarted(started, now_, &effects_);
+  }
   // The loop's answer to ReadProgress.
   void Progress(const std::vector<ProgressSample>& samples) {
     effects_.clear();
@@ -1372,6 +1392,160 @@ TEST_CASE("A malformed file-timer request is said once and ignored",
   CHECK(h.Said("ignoring a request on the file-timer FIFO: not a JSON object"));
   h.TimerLine("more garbage", absl::UnixEpoch());
   CHECK(h.effects().empty());
+}
+
+// --- in-process recovery
+// ---------------------------------------------------------
+
+LaunchOptions InProcess(int workers = 3) {
+  LaunchOptions o = Options(workers);
+  o.recovery = Recovery::kInProcess;
+  o.recovery_timeout = absl::Seconds(5);
+  return o;
+}
+
+// Board samples: each worker recovers in process (or not) and took `left`.
+std::vector<ProgressSample> Resilient(std::vector<bool> resilient,
+                                      int64_t left = 0) {
+  std::vector<ProgressSample> samples(resilient.size());
+  for (size_t i = 0; i < resilient.size(); ++i) {
+    samples[i].resilient = resilient[i];
+    samples[i].round_left = left;
+  }
+  return samples;
+}
+
+TEST_CASE("In-process recovery keeps the survivors and replaces the dead rank",
+          "[agent][unit]") {
+  Harness h(InProcess());
+  h.Assign(0);
+  h.Progress(Resilient({true, true, true}));
+  h.Exit(1, 0, SIGKILL);
+  CHECK(
+      h.Said("worker rank 5 (local 1, pid 101) was killed by SIGKILL; the "
+             "others keep running (--recovery=inprocess)"));
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::FAILED);
+  // Nobody is stopped; the survivors are told their round ends.
+  CHECK(h.Signals().empty());
+  REQUIRE(h.Has<e::EndRound>());
+  CHECK(h.Get<e::EndRound>().round == 0);
+  CHECK(h.policy().phase() == Phase::kRunning);
+
+  h.Message(Restart(1, "worker rank 5 failed"));
+  CHECK(h.Said("the live workers keep their processes"));
+  CHECK(h.Signals().empty());
+  CHECK_FALSE(h.Has<e::EndRound>());  // said once per round
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.Get<e::SendRejoin>().round == 1);
+  CHECK(h.policy().phase() == Phase::kJoining);
+  CHECK(h.policy().live_workers() == 2);
+
+  h.AssignOnly(1, /*first=*/0, /*world=*/3);
+  CHECK(
+      h.Said("round 1: ranks 0,2 kept their processes; new process for "
+             "rank 1"));
+  REQUIRE(h.Has<e::HandOver>());
+  CHECK(h.Get<e::HandOver>().local_ranks == std::vector<int>{0, 2});
+  REQUIRE(h.Has<e::StartWorkers>());
+  CHECK(h.Get<e::StartWorkers>().local_ranks == std::vector<int>{1});
+  CHECK(h.Records() ==
+        std::vector<std::string>{"assigned/1", "workers_kept/1"});
+  h.Started({1});
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::RUNNING);
+  CHECK(h.policy().live_workers() == 3);
+  // Everyone finishes: the job's end.
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  h.Exit(2, 0);
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::SUCCEEDED);
+}
+
+TEST_CASE("In-process recovery of a lost node starts no process",
+          "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Message(Restart(1, "node b was lost"));
+  REQUIRE(h.Has<e::EndRound>());
+  REQUIRE(h.Has<e::SendRejoin>());
+  h.AssignOnly(1, /*first=*/0, /*world=*/2);
+  REQUIRE(h.Has<e::HandOver>());
+  CHECK(h.Get<e::HandOver>().local_ranks == std::vector<int>{0, 1});
+  CHECK(h.Get<e::HandOver>().assignment.world_size() == 2);
+  CHECK_FALSE(h.Has<e::StartWorkers>());
+  // Reported running at once: nothing is started.
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::RUNNING);
+  CHECK(h.policy().phase() == Phase::kRunning);
+}
+
+TEST_CASE("A survivor that does not take the new world is restarted",
+          "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Message(Restart(1, "node b was lost"));
+  h.AssignOnly(1, /*first=*/0, /*world=*/2);
+  // Local rank 0 takes round 1; local rank 1 stays in round 0.
+  std::vector<ProgressSample> samples = Resilient({true, true}, 0);
+  samples[0].round_left = 1;
+  h.Progress(samples);
+  h.Advance(absl::Seconds(4));
+  CHECK_FALSE(h.Has<e::SignalWorker>());
+  h.Advance(absl::Seconds(2));
+  REQUIRE(h.Has<e::SignalWorker>());
+  CHECK(h.Get<e::SignalWorker>().local_rank == 1);
+  CHECK(h.Get<e::SignalWorker>().signal == SIGKILL);
+  CHECK(
+      h.Said("worker rank 1 (local 1, pid 101) did not take round 1's "
+             "world within 5s (--recovery_timeout)"));
+  // Its end is no failure: it is started again.
+  h.Exit(1, 0, SIGKILL);
+  CHECK(h.Reports().empty());
+  REQUIRE(h.Has<e::StartWorkers>());
+  CHECK(h.Get<e::StartWorkers>().local_ranks == std::vector<int>{1});
+  h.Started({1});
+  // The new process's end is its own.
+  h.Exit(1, 3);
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].state() == v1::WorkerReport::FAILED);
+  CHECK_FALSE(h.Has<e::StartWorkers>());
+}
+
+TEST_CASE("A worker without ctrun.resilient makes its node restart the old way",
+          "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, false}));
+  h.Message(Restart(1, "node b was lost"));
+  CHECK(h.Said("rank 5 do not run under ctrun.resilient"));
+  CHECK(h.Said("restarting the workers (round 1"));
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  CHECK(h.policy().phase() == Phase::kStopping);
+}
+
+TEST_CASE("Without --recovery=inprocess nothing is kept", "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Exit(1, 0, SIGKILL);
+  CHECK_FALSE(h.Has<e::EndRound>());
+  CHECK(h.Signals() == std::vector<int>{SIGTERM});
+}
+
+TEST_CASE("A hang under in-process recovery restarts the old way",
+          "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  v1::ServerMessage m = Restart(1, "rank 9 hung");
+  m.mutable_restart_required()->set_collect_evidence(true);
+  h.Message(m);
+  CHECK_FALSE(h.Has<e::SendRejoin>());
+  CHECK(h.policy().phase() == Phase::kCollecting);
 }
 
 }  // namespace

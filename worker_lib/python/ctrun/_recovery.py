@@ -1,0 +1,290 @@
+"""In-process recovery: ctrun.resilient, ctrun.round, ctrun.RoundChanged.
+
+Under `ctrun --recovery=inprocess`, a worker failure or a node change does
+not stop the workers that still run. Their agent writes the new world to
+each one's world file (CTRUN_WORLD_FILE): first "round N ends", then round
+N+1's ranks, sizes and master. `resilient(fn)` watches that file from a
+helper thread and, when the round ends while `fn` runs:
+
+1. raises RoundChanged in the main thread (a signal handler: it ends a
+   `time.sleep`, a Python loop, a wait), and if the main thread is still
+   inside after a short while (blocked in a collective that a dead peer
+   will never complete), shuts down the process's connected TCP sockets,
+   which makes the collective fail at once;
+2. once `fn` has returned control, destroys the process group, takes the
+   new world into `os.environ`, forms the group again with the same
+   backend (for a rank other than 0, once the new master listens) and
+   calls `fn` again, with the same arguments: the model, the optimizer
+   and whatever else the caller holds are still in memory.
+
+An exception that `fn` raises while no new round comes (within
+CTRUN_RECOVERY_GRACE seconds, 2 by default) is the worker's own failure:
+it propagates as without the wrapper. Outside ctrun, without
+--recovery=inprocess, or off the main thread, `resilient(fn)` just calls
+`fn`.
+"""
+
+import functools
+import os
+import signal
+import socket
+import threading
+import time
+
+_POLL = 0.005  # the world file, this often
+_SWEEP_AFTER = 0.05  # a main thread still inside this long: break its sockets
+_MASTER_WAIT = 120.0  # the new master's store, at most this long
+
+
+class RoundChanged(Exception):
+    """Raised in a resilient function's main thread when its round ends."""
+
+
+def round():  # noqa: A001 - the name DESIGN.md gives it
+    """This worker's restart count (TORCHELASTIC_RESTART_COUNT), updated in
+    place by resilient() when the job moves to a new round."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+def resilient(fn):
+    """Runs fn(*args, **kwargs) and, under --recovery=inprocess, runs it
+    again in each new world the job moves to; returns what fn returns.
+    Usable as a decorator."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        path = os.environ.get("CTRUN_WORLD_FILE")
+        if (
+            os.environ.get("CTRUN_RECOVERY") != "inprocess"
+            or not path
+            or threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "SIGRTMIN")
+        ):
+            return fn(*args, **kwargs)
+        return _Recovery(path).run(fn, args, kwargs)
+
+    return run
+
+
+def _read_world(path):
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    world = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            world[key] = value
+    try:
+        world["CTRUN_ROUND"] = int(world["CTRUN_ROUND"])
+    except (KeyError, ValueError):
+        return None
+    if world.get("CTRUN_ROUND_STATE") not in ("ending", "ready"):
+        return None
+    return world
+
+
+def _sweep_sockets():
+    """Shuts down every connected TCP socket of this process (never a
+    listening one: shutting down a TCPStore's listener aborts the
+    process). The collective blocked on one of them fails at once."""
+    connected = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == "01":  # ESTABLISHED
+                        connected.add(fields[9])
+        except OSError:
+            pass
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if not (target.startswith("socket:[") and target[8:-1] in connected):
+            continue
+        try:
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.close()  # the duplicate only
+
+
+def _wait_listening(host, port, deadline):
+    """A TCPStore client that arrives before its server listens retries only
+    a second later: wait for the listener first."""
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.005)
+
+
+class _Recovery:
+    def __init__(self, path):
+        from . import _mark_resilient, _mark_round
+
+        self._path = path
+        self._mark_round = _mark_round
+        try:
+            self._round = int(os.environ.get("CTRUN_STORE_ROUND", "0"))
+        except ValueError:
+            self._round = 0
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._inside = False  # the main thread runs fn (or forms the group)
+        self._released = False  # it was told to leave this round
+        self._entries = 0  # times the main thread went inside
+        self._latest = None  # the newest world file read, if newer
+        self._signal = int(signal.SIGRTMIN) + 7
+        signal.signal(self._signal, self._on_signal)
+        threading.Thread(target=self._watch, name="ctrun-recovery", daemon=True).start()
+        _mark_resilient()
+        _mark_round(0, self._round)
+
+    # --- the helper thread ------------------------------------------------
+
+    def _watch(self):
+        stamp = None
+        while True:
+            time.sleep(_POLL)
+            try:
+                st = os.stat(self._path)
+            except OSError:
+                continue
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if key == stamp:
+                continue
+            stamp = key
+            world = _read_world(self._path)
+            if world is None:
+                continue
+            with self._lock:
+                r = world["CTRUN_ROUND"]
+                if r < self._round or (
+                    r == self._round and world["CTRUN_ROUND_STATE"] == "ready"
+                ):
+                    continue  # the round it runs in, or older
+                self._latest = world
+                self._changed.notify_all()
+            self._release()
+
+    def _release(self):
+        main = threading.main_thread().ident
+        with self._lock:
+            # Only for a world the main thread has not taken yet, and once
+            # per entry into `fn`.
+            if not self._inside or self._released or self._latest is None:
+                return
+            self._released = True
+            entry = self._entries
+            signal.pthread_kill(main, self._signal)
+        time.sleep(_SWEEP_AFTER)
+        with self._lock:
+            # Still inside the same entry: blocked where no signal reaches
+            # (a collective waiting for a dead peer). Never once the main
+            # thread has left: the sockets would be the new round's.
+            if self._inside and self._entries == entry:
+                _sweep_sockets()
+
+    def _on_signal(self, signum, frame):
+        if self._inside and self._released:
+            raise RoundChanged("the job moved to a new round")
+
+    # --- the main thread ----------------------------------------------------
+
+    def _newer(self):
+        return self._latest is not None
+
+    def run(self, fn, args, kwargs):
+        reform = None  # the backend to form again, once in a new round
+        while True:
+            try:
+                with self._lock:
+                    if self._newer():
+                        raise RoundChanged("the job moved to a new round")
+                    self._inside = True
+                    self._released = False
+                    self._entries += 1
+                if reform is not None:
+                    self._form(reform)
+                self._mark_round(1, self._round)
+                result = fn(*args, **kwargs)
+                with self._lock:
+                    self._inside = False
+                return result
+            except BaseException as error:
+                with self._lock:
+                    self._inside = False
+                world = self._next_world(error)
+                reform = self._leave(world)
+
+    def _next_world(self, error):
+        """The next round's world; re-raises `error` when none comes."""
+        grace = 2.0
+        try:
+            grace = float(os.environ.get("CTRUN_RECOVERY_GRACE", grace))
+        except ValueError:
+            pass
+        deadline = time.monotonic() + grace
+        with self._lock:
+            # A round change makes the old group fail; a failure of this
+            # rank's own is said by the agent within the grace, or never.
+            while self._latest is None:
+                if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                    raise error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise error
+                self._changed.wait(left)
+            # Ending: the agent bounds the wait (--recovery_timeout).
+            while self._latest["CTRUN_ROUND_STATE"] != "ready":
+                self._changed.wait()
+            world, self._latest = self._latest, None
+            self._round = world["CTRUN_ROUND"]
+            return world
+
+    def _leave(self, world):
+        backend = None
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            dist = None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            backend = dist.get_backend()
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        for key, value in world.items():
+            if not key.startswith("CTRUN_ROUND"):
+                os.environ[key] = value
+        self._mark_round(0, self._round)
+        return backend or ""
+
+    def _form(self, backend):
+        if not backend:
+            return
+        import torch.distributed as dist
+
+        if os.environ.get("RANK") != "0":
+            _wait_listening(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                time.monotonic() + _MASTER_WAIT,
+            )
+        dist.init_process_group(backend)
