@@ -470,6 +470,12 @@ void Agent::DrainInbox() {
         break;
       case Inbox::Item::kMessage:
         if (item.generation != session_generation_) continue;
+        // Whether a restart keeps the workers depends on what their slots
+        // say now, not at the last poll (a worker may have just started
+        // recovering in process).
+        if (item.message.has_restart_required() && board_) {
+          policy_.OnProgressRead(board_->Read(), now, absl::Now(), &effects);
+        }
         policy_.OnMessage(item.message, now, &effects);
         break;
       case Inbox::Item::kSessionEnd:

@@ -1,0 +1,213 @@
+// In-process recovery (--recovery=inprocess) with Debian's python3-torch on
+// Gloo: survivors keep their processes across a worker's death, a blocked
+// survivor is brought back or restarted, and a lost node's peers continue
+// in the shrunk world and grow back.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/child_process.h"
+#include "tests/support/daemon.h"
+
+namespace ctrun::testing {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(180);
+const std::string kPython = "PYTHON_EXEC=/usr/bin/python3";
+
+std::string Script() {
+  return SourceDir() + "/tests/e2e/python/resilient_train.py";
+}
+
+// One (re)entry of the training function.
+struct Entry {
+  int rank;
+  int pid;
+  int world;
+  int step;
+};
+
+std::vector<Entry> Entries(const std::string& out) {
+  static const std::regex kEnter(
+      "enter rank=([0-9]+) pid=([0-9]+) round=[0-9]+ world=([0-9]+) "
+      "step=([0-9]+)");
+  std::vector<Entry> entries;
+  for (std::sregex_iterator it(out.begin(), out.end(), kEnter), end; it != end;
+       ++it) {
+    entries.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]),
+                       std::stoi((*it)[3]), std::stoi((*it)[4])});
+  }
+  return entries;
+}
+
+// rank -> pid of its final line; the sums the ranks ended with.
+std::map<int, int> Finals(const std::string& out, std::set<std::string>* sums) {
+  static const std::regex kFinal(
+      "final rank=([0-9]+) pid=([0-9]+) world=[0-9]+ sum=([0-9.]+)");
+  std::map<int, int> pids;
+  for (std::sregex_iterator it(out.begin(), out.end(), kFinal), end; it != end;
+       ++it) {
+    pids[std::stoi((*it)[1])] = std::stoi((*it)[2]);
+    sums->insert((*it)[3]);
+  }
+  return pids;
+}
+
+// The parameters' sum after `steps` steps of `world` ranks: each step adds
+// 10 * step + rank from every rank to each of 8 values.
+double ExpectedSum(int steps, int world) {
+  double sum = 0;
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < world; ++r) sum += 10.0 * s + r;
+  }
+  return 8 * sum;
+}
+
+std::vector<std::string> Launch(std::vector<std::string> flags) {
+  std::vector<std::string> argv = {CtrunPath(), "--standalone",
+                                   "--nproc_per_node=4", "--max_restarts=2",
+                                   "--recovery=inprocess"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return argv;
+}
+
+TEST_CASE(
+    "A worker killed under --recovery=inprocess is replaced; the others "
+    "keep their processes and the result is exact",
+    "[ctrun][e2e]") {
+  std::vector<std::string> argv =
+      Launch({Script(), "--steps", "60", "--kill_rank", "1"});
+  ChildProcess p(argv, {kPython});
+  const std::string out = p.ReadAll(kWait);
+  INFO(out << p.Stderr());
+  REQUIRE(p.Wait(kWait) == 0);
+  std::map<int, int> first;  // rank -> pid at the first entry
+  for (const Entry& e : Entries(out)) first.try_emplace(e.rank, e.pid);
+  std::set<std::string> sums;
+  const std::map<int, int> last = Finals(out, &sums);
+  REQUIRE(last.size() == 4);
+  for (int rank : {0, 2, 3}) CHECK(last.at(rank) == first.at(rank));
+  CHECK(last.at(1) != first.at(1));
+  // Every rank ends with what an uninterrupted run computes.
+  REQUIRE(sums.size() == 1);
+  CHECK(std::stod(*sums.begin()) == ExpectedSum(60, 4));
+  // The replacement resumed where the survivors were, not from 0.
+  int resumed = 0;
+  for (const Entry& e : Entries(out)) {
+    if (e.rank == 1 && e.pid == last.at(1)) resumed = e.step;
+  }
+  CHECK(resumed == 20);
+  const std::string err = p.Stderr();
+  CHECK(err.find("the others keep running (--recovery=inprocess)") !=
+        std::string::npos);
+  CHECK(err.find("round 1: ranks 0,2,3 kept their processes; new process for "
+                 "rank 1") != std::string::npos);
+}
+
+TEST_CASE(
+    "A survivor busy in Python is brought back; one that ignores the "
+    "release is restarted and the agent says so",
+    "[ctrun][e2e]") {
+  for (const char* block : {"loop", "ignore"}) {
+    DYNAMIC_SECTION(block) {
+      ChildProcess p(
+          Launch({"--recovery_timeout=3", Script(), "--steps", "40",
+                  "--kill_rank", "1", "--block", block, "--block_rank", "3"}),
+          {kPython});
+      const std::string out = p.ReadAll(kWait);
+      INFO(out << p.Stderr());
+      REQUIRE(p.Wait(kWait) == 0);
+      std::map<int, int> first;
+      for (const Entry& e : Entries(out)) first.try_emplace(e.rank, e.pid);
+      std::set<std::string> sums;
+      const std::map<int, int> last = Finals(out, &sums);
+      REQUIRE(last.size() == 4);
+      REQUIRE(sums.size() == 1);
+      CHECK(std::stod(*sums.begin()) == ExpectedSum(40, 4));
+      const bool restarted =
+          p.Stderr().find(
+              "worker rank 3 (local 3, pid " + std::to_string(first.at(3)) +
+              ") did not take round 1's world within 3s") != std::string::npos;
+      if (std::string(block) == "loop") {
+        CHECK(last.at(3) == first.at(3));
+        CHECK_FALSE(restarted);
+      } else {
+        CHECK(last.at(3) != first.at(3));
+        CHECK(restarted);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "A lost node's peers keep their processes in the shrunk world and "
+    "grow back when a node joins",
+    "[multinode][e2e]") {
+  Daemon daemon;
+  const std::vector<std::string> flags = {
+      "--nnodes=1:2",         "--nproc_per_node=2",
+      "--rdzv_backend=c10d",  "--rdzv_endpoint=" + daemon.endpoint(),
+      "--rdzv_id=inprocess",  "--rdzv_conf=last_call_timeout=1",
+      "--recovery=inprocess", "--max_restarts=3"};
+  auto node = [&](int n) {
+    std::vector<std::string> argv = {CtrunPath(),
+                                     absl::StrCat("--local_addr=127.0.0.", n)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {Script(), "--steps", "700"});
+    return std::make_unique<ChildProcess>(argv, std::vector{kPython});
+  };
+  auto a = node(2);
+  auto b = node(3);
+  // a's two workers in the world of 4, and their pids.
+  std::map<int, int> pids;  // rank -> pid
+  for (int i = 0; i < 2; ++i) {
+    auto line = a->WaitForLine("world=4", kWait);
+    REQUIRE(line);
+    const std::vector<Entry> e = Entries(*line);
+    REQUIRE(e.size() == 1);
+    pids[e[0].rank] = e[0].pid;
+  }
+  REQUIRE(b->WaitForLine("world=4", kWait));
+  ::kill(b->pid(), SIGKILL);  // the agent alone; its watchdog ends its workers
+  CHECK(b->Wait(kWait) == 128 + SIGKILL);
+  for (int i = 0; i < 2; ++i) {
+    auto line = a->WaitForLine("world=2", kWait);
+    REQUIRE(line);
+    const std::vector<Entry> e = Entries(*line);
+    REQUIRE(e.size() == 1);
+    CHECK(std::count_if(pids.begin(), pids.end(), [&](const auto& rp) {
+            return rp.second == e[0].pid;
+          }) == 1);
+  }
+  auto c = node(4);
+  for (int i = 0; i < 2; ++i) {
+    auto line = a->WaitForLine("world=4", kWait);
+    REQUIRE(line);
+    const std::vector<Entry> e = Entries(*line);
+    REQUIRE(e.size() == 1);
+    CHECK(std::count_if(pids.begin(), pids.end(), [&](const auto& rp) {
+            return rp.second == e[0].pid;
+          }) == 1);
+  }
+  const std::string rest = a->ReadAll(kWait);
+  INFO(rest << a->Stderr() << c->Stderr());
+  CHECK(a->Wait(kWait) == 0);
+  c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 0);
+  std::set<std::string> sums;
+  const std::map<int, int> finals = Finals(rest, &sums);
+  for (const auto& [rank, pid] : finals) {
+    CHECK(std::count_if(pids.begin(), pids.end(),
+                        [&](const auto& rp) { return rp.second == pid; }) == 1);
+  }
+  CHECK(a->Stderr().find("was lost") != std::string::npos);
+  CHECK(a->Stderr().find("the live workers keep their processes") !=
+        std::string::npos);
+}
+
+}  // namespace
+}  // namespace ctrun::testing
