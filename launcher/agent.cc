@@ -159,6 +159,7 @@ absl::Status Agent::Setup() {
   group.err = err_;
   if (auto s = SetupProgress(group); !s.ok()) return s;
   if (auto s = SetupBinding(group); !s.ok()) return s;
+  SetupTemplate(group);
   workers_ = std::make_unique<WorkerGroup>(std::move(group), epoll_fd_);
   if ((nvml_ = Nvml::Load())) {
     GpuWatchConfig watch;
@@ -182,6 +183,7 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   for (const auto& [file, text] :
        {std::pair{paths.python_dir + "/ctrun/__init__.py", kPythonModule},
         std::pair{paths.python_dir + "/ctrun/_recovery.py", kPythonRecovery},
+        std::pair{agent_dir_ + "/ctrun_template.py", kPythonTemplate},
         std::pair{paths.python_dir + "/sitecustomize.py",
                   kPythonSitecustomize}}) {
     if (!(std::ofstream(file) << text)) {
@@ -211,6 +213,34 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   ev.data.u64 = kTimerTag;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, timer_fd_, &ev);
   return absl::OkStatus();
+}
+
+void Agent::SetupTemplate(WorkerGroupConfig& group) {
+  const LaunchOptions& o = group.options;
+  const std::vector<std::string>& argv = group.worker_argv;
+  const bool python = argv.size() > 2 && argv[1] == "-u";
+  const bool asked =
+      o.preload ? !o.preload->empty() : o.recovery == Recovery::kInProcess;
+  if (!python || !asked || agent_dir_.empty()) return;
+  TemplateConfig t;
+  t.python = {argv[0], argv[1]};
+  t.script = agent_dir_ + "/ctrun_template.py";
+  t.modules = o.preload.value_or(std::vector<std::string>{"torch"});
+  t.optional = !o.preload;
+  // What every worker's environment shares: the agent's, with ctrun's
+  // module on the path (modules imported here see this one).
+  t.env = group.env;
+  t.env.erase(env::kRendezvousToken);
+  if (o.local_world_size > 1) t.env.try_emplace(env::kOmpNumThreads, "1");
+  std::string& path = t.env[env::kPythonPath];
+  path = path.empty() ? group.progress.python_dir
+                      : absl::StrCat(path, ":", group.progress.python_dir);
+  Console* err = err_;
+  t.say = [err](const std::string& line) {
+    err->WriteAgentLine(absl::StrCat("ctrun: ", line, "\n"));
+  };
+  template_ = std::make_unique<TemplateSpawner>(std::move(t));
+  group.spawner = template_.get();
 }
 
 absl::Status Agent::SetupBinding(WorkerGroupConfig& group) {

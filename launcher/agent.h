@@ -26,6 +26,7 @@
 #include "launcher/workers/agent_board.h"
 #include "launcher/workers/console.h"
 #include "launcher/workers/evidence.h"
+#include "launcher/workers/template_spawner.h"
 #include "launcher/workers/worker_group.h"
 #include "rendezvous/client/client.h"
 #include "rendezvous/ops/event_log.h"
@@ -76,6 +77,9 @@ class Agent {
   absl::Status SetupProgress(WorkerGroupConfig& group);
   // Plans each worker's --numa_binding, and says what it is.
   absl::Status SetupBinding(WorkerGroupConfig& group);
+  // Starts the template interpreter of warm starts when asked for
+  // (--preload, or --recovery=inprocess) and the workers run Python.
+  void SetupTemplate(WorkerGroupConfig& group);
   void StartEvidence(const agent_effect::CollectEvidence& collect);
   void EndEvidence();
   void KillTimedOut(const agent_effect::KillTimedOut& k);
@@ -101,6 +105,7 @@ class Agent {
   std::shared_ptr<Inbox> inbox_;  // shared with gRPC's callbacks
 
   AgentPolicy policy_;
+  std::unique_ptr<TemplateSpawner> template_;  // outlives workers_
   std::unique_ptr<WorkerGroup> workers_;
   // The run directory's kAgentFolder: the board, the module, the FIFO.
   std::string agent_dir_;

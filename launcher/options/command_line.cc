@@ -138,6 +138,10 @@ constexpr FlagSpec kFlags[] = {
      "run: restart stops them all and starts new ones (torchrun's way); "
      "inprocess keeps those that run under ctrun.resilient, hands them the "
      "new world, and starts processes only for the ranks that lost theirs"},
+    {"preload", 0, Kind::kValue, "", "MODULE,...|none",
+     "start Python workers warm: one interpreter per node imports these "
+     "once and each worker is forked from it (default: torch, when "
+     "installed, with --recovery=inprocess; none otherwise)"},
     {"recovery_timeout", 0, Kind::kValue, "30", "SECONDS",
      "with --recovery=inprocess: how long a kept worker may take to leave "
      "the old round before it is restarted the old way"},
@@ -845,6 +849,24 @@ absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
     o.worker_tty = WorkerTty::kNo;
   } else {
     return BadValue(raw, "worker_tty", "expected auto, yes or no");
+  }
+  if (const std::string& preload = raw.at("preload").text; !preload.empty()) {
+    std::vector<std::string> modules;
+    if (preload != "none") {
+      for (absl::string_view m : absl::StrSplit(preload, ',')) {
+        const bool valid =
+            !m.empty() && std::all_of(m.begin(), m.end(), [](char c) {
+              return absl::ascii_isalnum(c) || c == '_' || c == '.';
+            });
+        if (!valid) {
+          return BadValue(raw, "preload",
+                          "expected Python module names, comma-separated "
+                          "(torch,numpy), or none");
+        }
+        modules.emplace_back(m);
+      }
+    }
+    o.preload = std::move(modules);
   }
   const std::string& recovery = raw.at("recovery").text;
   if (recovery == "restart") {

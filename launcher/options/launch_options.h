@@ -131,6 +131,10 @@ struct LaunchOptions {
   std::vector<int> signals_to_handle;
   absl::Duration shutdown_timeout = absl::Seconds(30);
   Recovery recovery = Recovery::kRestart;
+  // --preload: the modules a template interpreter imports once, so that
+  // Python workers are forked from it warm (template_spawner.h). Unset:
+  // torch, when installed, with --recovery=inprocess; none otherwise.
+  std::optional<std::vector<std::string>> preload;
   // With kInProcess: how long a kept worker may take to leave the old round
   // before it is restarted the old way.
   absl::Duration recovery_timeout = absl::Seconds(30);

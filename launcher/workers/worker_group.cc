@@ -442,7 +442,7 @@ void WorkerGroup::EndStrays() {
   for (int pass = 0; pass < 5; ++pass) {
     bool found = false;
     for (pid_t pid : ChildrenOf(self)) {
-      if (pid == watchdog) continue;
+      if (pid == watchdog || pid == spawner_->helper()) continue;
       const bool worker = std::any_of(
           workers_.begin(), workers_.end(),
           [pid](const Worker& w) { return w.pid == pid && w.alive; });

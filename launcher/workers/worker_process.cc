@@ -62,13 +62,13 @@ absl::Status OpenTerminalPipe(int fds[2], int window_from) {
   return absl::OkStatus();
 }
 
-absl::Status OpenOutput(int fds[2], bool terminal, int window_from) {
+}  // namespace
+
+absl::Status OpenWorkerOutput(int fds[2], bool terminal, int window_from) {
   if (terminal) return OpenTerminalPipe(fds, window_from);
   if (pipe2(fds, O_CLOEXEC) != 0) return SystemError("pipe");
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
                                            const EnvMap& env,
@@ -86,11 +86,11 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
   args.push_back(nullptr);
 
   int out[2], err[2], exec_status[2];
-  if (auto s = OpenOutput(out, options.tty_stdout, options.window_from);
+  if (auto s = OpenWorkerOutput(out, options.tty_stdout, options.window_from);
       !s.ok()) {
     return s;
   }
-  if (auto s = OpenOutput(err, options.tty_stderr, options.window_from);
+  if (auto s = OpenWorkerOutput(err, options.tty_stderr, options.window_from);
       !s.ok()) {
     CloseBoth(out);
     return s;

@@ -48,16 +48,23 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
                                            const EnvMap& env,
                                            const SpawnOptions& options = {});
 
+// A worker's stdout or stderr channel, as SpawnWorker makes it: fds[0] the
+// read end (ctrun's, close-on-exec), fds[1] the worker's; a pipe, or with
+// `terminal` a pseudo-terminal in raw mode sized as `window_from`.
+absl::Status OpenWorkerOutput(int fds[2], bool terminal, int window_from);
+
 // How a WorkerGroup brings a worker process into being, with SpawnWorker's
-// contract: today by exec (ExecSpawner); a spawner that forks a template
-// process which has already imported the worker's libraries can stand in
-// its place without the group knowing.
+// contract: by exec (ExecSpawner), or by forking a template interpreter
+// that already imported the worker's libraries (template_spawner.h).
 class Spawner {
  public:
   virtual ~Spawner() = default;
   virtual absl::StatusOr<SpawnedProcess> Spawn(
       const std::vector<std::string>& argv, const EnvMap& env,
       const SpawnOptions& options) = 0;
+  // A child of the agent's that the spawner keeps (the template), which
+  // the group must not end as a stray; -1 when none.
+  virtual pid_t helper() const { return -1; }
 };
 
 // SpawnWorker, as a Spawner.

@@ -1,0 +1,84 @@
+// TemplateSpawner: warm starts of Python workers (--preload, and
+// --recovery=inprocess).
+//
+// One template interpreter per node (worker_lib/python/ctrun_template.py)
+// imports the preloaded modules once; each Python worker is then forked from
+// it, with its own environment, argv, working directory, stdout and stderr,
+// and runs its script as `__main__`, as `python -u SCRIPT` would. The worker
+// is the template's grandchild, reparented to the agent (a child
+// subreaper): the worker group reaps, signals and contains it as any
+// worker. What differs from a cold start is in docs/recovery.md.
+//
+// A start is cold (ExecSpawner) when the command is not the Python one the
+// template runs, when the worker is bound to CPUs (--numa_binding), while
+// the template still imports, and for good once the template refused to fork
+// (threads, a CUDA context, a failed import) or stopped answering: said once.
+//
+// Used by the agent's loop only; not thread-safe.
+#ifndef CTRUN_LAUNCHER_WORKERS_TEMPLATE_SPAWNER_H_
+#define CTRUN_LAUNCHER_WORKERS_TEMPLATE_SPAWNER_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "launcher/workers/worker_process.h"
+
+namespace ctrun {
+
+struct TemplateConfig {
+  // The worker's interpreter and its flags, as the worker command starts
+  // with them (python, -u): only such commands are forked.
+  std::vector<std::string> python;
+  std::string script;                // ctrun_template.py
+  std::vector<std::string> modules;  // to import once
+  // A module that is not installed is skipped (the default preload, torch
+  // when it is there), instead of turning warm starts off.
+  bool optional = false;
+  EnvMap env;  // the template's environment
+  // Says a line (once per cause) when warm starts are off.
+  std::function<void(const std::string&)> say;
+};
+
+class TemplateSpawner final : public Spawner {
+ public:
+  // How long the template may take to answer a start before it is given up.
+  static constexpr int kAnswerWithinMs = 5000;
+
+  // Starts the template at once; it imports while the node joins.
+  explicit TemplateSpawner(TemplateConfig config);
+  ~TemplateSpawner() override;
+  TemplateSpawner(const TemplateSpawner&) = delete;
+  TemplateSpawner& operator=(const TemplateSpawner&) = delete;
+
+  absl::StatusOr<SpawnedProcess> Spawn(const std::vector<std::string>& argv,
+                                       const EnvMap& env,
+                                       const SpawnOptions& options) override;
+  pid_t helper() const override { return pid_; }
+
+  // Starts so far that were forked from the template.
+  int warm_starts() const { return warm_starts_; }
+
+ private:
+  enum class State { kImporting, kReady, kOff };
+  // Whether the template is ready now (without waiting for it).
+  bool Ready();
+  // Warm starts end for good; `why` is said once.
+  void TurnOff(const std::string& why);
+  absl::StatusOr<SpawnedProcess> Fork(const std::vector<std::string>& argv,
+                                      const EnvMap& env,
+                                      const SpawnOptions& options);
+
+  const TemplateConfig config_;
+  ExecSpawner exec_;
+  State state_ = State::kImporting;
+  int socket_ = -1;
+  pid_t pid_ = -1;
+  int warm_starts_ = 0;
+};
+
+}  // namespace ctrun
+
+#endif  // CTRUN_LAUNCHER_WORKERS_TEMPLATE_SPAWNER_H_

@@ -1,0 +1,223 @@
+"""ctrun's template interpreter: warm starts of Python workers.
+
+The agent starts this once per node (`python -u ctrun_template.py FD
+MODULES [optional]`) with the workers' environment. It imports MODULES
+(torch, say) once, then, for each worker the agent asks for, forks a
+process that runs the worker's script as `__main__`, as `python -u SCRIPT
+ARGS` would, without paying the imports again.
+
+FD is a SOCK_SEQPACKET socket to the agent. The template says "ready N" (N:
+its threads) or "refuse WHY" once, then answers each request with "pid P"
+or "error WHY". A request is NUL-separated fields:
+    own_group, agent_pgid, agent_pid, cwd, argc, argv..., envc, env...
+with the worker's stdout and stderr as SCM_RIGHTS. argv is the worker's
+command line without the interpreter and its -u: SCRIPT ARGS... or -m
+MODULE ARGS...
+
+The worker is the template's grandchild: its parent exits at once, so the
+worker is reparented to the agent (a child subreaper), which reaps it as
+any worker. Nothing here writes to stdout or stderr: the template's are
+closed by the agent.
+"""
+
+import ctypes
+import os
+import socket
+import sys
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_PTRACER = 0x59616D61
+
+
+def _threads():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def _unsafe():
+    """Why forking this interpreter would not give a sound worker, or ''."""
+    threads = _threads()
+    if threads > 1:
+        return "the template runs %d threads after its imports" % threads
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "the template created a CUDA context while importing"
+    return ""
+
+
+def _preload(modules, optional):
+    for name in modules:
+        if not name:
+            continue
+        try:
+            __import__(name)
+        except ImportError as error:
+            if not optional:
+                return "cannot import %s: %s" % (name, error)
+        except BaseException as error:  # a module that fails as it loads
+            return "importing %s failed: %s: %s" % (name, type(error).__name__, error)
+    return ""
+
+
+def _become(fields, fds, agent):
+    """In the worker: its process group, descriptors, parent-death signal,
+    environment, directory and argv; then its script. Never returns."""
+    own_group, agent_pgid, cwd = fields[0] == "1", int(fields[1]), fields[3]
+    agent = int(fields[2]) or agent
+    argc = int(fields[4])
+    argv = fields[5 : 5 + argc]
+    envc = int(fields[5 + argc])
+    env = fields[6 + argc : 6 + argc + envc]
+    os.setpgid(0, 0 if own_group else agent_pgid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Reparented to the agent (a subreaper) once our parent is gone; only
+    # then is a parent-death signal the agent's.
+    for _ in range(20000):
+        if os.getppid() == agent:
+            break
+        os.sched_yield()
+    libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if os.getppid() != agent:
+        os._exit(127)
+    libc.prctl(_PR_SET_PTRACER, agent, 0, 0, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+    os.chdir(cwd)
+    os.environ.clear()
+    for item in env:
+        key, _, value = item.partition("=")
+        os.environ[key] = value
+    # ctrun's module attached to nothing in the template: this worker's
+    # slot and stacks file come with a fresh import.
+    for name in [m for m in sys.modules if m == "ctrun" or m.startswith("ctrun.")]:
+        del sys.modules[name]
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()  # as fresh as a cold start's
+    try:
+        import ctrun  # noqa: F401
+    except Exception:
+        pass
+    _run(argv)
+
+
+def _trimmed(tb):
+    here = os.path.abspath(__file__)
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == here:
+        tb = tb.tb_next
+    return tb
+
+
+def _run(argv):
+    """Runs argv as `python -u` would, then exits as it would."""
+    import runpy
+
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        target = lambda: runpy._run_module_as_main(argv[1], alter_argv=True)  # noqa: E731
+    else:
+        script = argv[0]
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+        target = lambda: _run_script(script)  # noqa: E731
+    try:
+        target()
+    except SystemExit:
+        raise
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        sys.excepthook(type(error), error, _trimmed(error.__traceback__))
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _run_script(script):
+    import builtins
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    with open(path, "rb") as f:
+        source = f.read()
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__spec__ = None
+    main.__cached__ = None
+    sys.modules["__main__"] = main
+    exec(compile(source, path, "exec"), main.__dict__)
+
+
+def _serve(sock, agent):
+    """Answers requests until the agent goes; returns, in a worker, what it
+    was asked to run."""
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 22, 2)
+        except InterruptedError:
+            continue
+        if not message:
+            os._exit(0)  # the agent is gone
+        fields = message.decode("utf-8", "surrogateescape").split("\0")
+        why = _unsafe()
+        if why or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            sock.send(("error " + (why or "no output descriptors")).encode())
+            continue
+        answer = _fork(fds)
+        if answer is None:  # this process is the worker
+            sock.close()
+            return fields, fds
+        sock.send(answer.encode())
+
+
+def _fork(fds):
+    """Forks the worker through a middle process that exits at once; returns
+    its answer in the template, None in the worker."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(read_end)
+        try:
+            worker = os.fork()
+        except OSError:
+            os._exit(1)
+        if worker == 0:
+            os.close(write_end)
+            return None
+        os.write(write_end, str(worker).encode())
+        os._exit(0)
+    os.close(write_end)
+    for fd in fds:
+        os.close(fd)
+    pid = os.read(read_end, 32).decode()
+    os.close(read_end)
+    os.waitpid(middle, 0)
+    return "pid " + pid if pid.isdigit() else "error the fork failed"
+
+
+def main():
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    agent = os.getppid()
+    why = _preload(sys.argv[2].split(","), len(sys.argv) > 3 and sys.argv[3] == "optional")
+    why = why or _unsafe()
+    if why:
+        sock.send(("refuse " + why).encode())
+        return
+    sock.send(("ready %d" % _threads()).encode())
+    fields, fds = _serve(sock, agent)
+    # At the top of the stack: the script's exit is the process's.
+    _become(fields, fds, agent)
+
+
+if __name__ == "__main__":
+    main()
