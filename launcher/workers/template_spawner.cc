@@ -90,8 +90,11 @@ void TemplateSpawner::TurnOff(const std::string& why) {
 bool TemplateSpawner::Ready() {
   if (state_ != State::kImporting) return state_ == State::kReady;
   bool gone = false;
-  const std::string said = Receive(socket_, 0, &gone);
-  if (gone) {
+  const std::string said = Receive(socket_, kReadyWithinMs, &gone);
+  if (said.empty() && !gone) {
+    TurnOff(absl::StrCat("the template interpreter's imports took over ",
+                         kReadyWithinMs / 1000, "s"));
+  } else if (gone) {
     TurnOff("the template interpreter exited while importing");
   } else if (absl::StartsWith(said, "ready")) {
     state_ = State::kReady;

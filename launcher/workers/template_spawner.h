@@ -9,10 +9,12 @@
 // subreaper): the worker group reaps, signals and contains it as any
 // worker. What differs from a cold start is in docs/recovery.md.
 //
-// A start is cold (ExecSpawner) when the command is not the Python one the
-// template runs, when the worker is bound to CPUs (--numa_binding), while
-// the template still imports, and for good once the template refused to fork
-// (threads, a CUDA context, a failed import) or stopped answering: said once.
+// The first start waits for the template's imports (at most
+// kReadyWithinMs: one import and N forks beat N imports side by side). A
+// start is cold (ExecSpawner) when the command is not the Python one the
+// template runs, when the worker is bound to CPUs (--numa_binding), and for
+// good once the template refused to fork (threads, a CUDA context, a failed
+// import), took too long to import or stopped answering: said once.
 //
 // Used by the agent's loop only; not thread-safe.
 #ifndef CTRUN_LAUNCHER_WORKERS_TEMPLATE_SPAWNER_H_
@@ -46,6 +48,8 @@ class TemplateSpawner final : public Spawner {
  public:
   // How long the template may take to answer a start before it is given up.
   static constexpr int kAnswerWithinMs = 5000;
+  // How long the template's imports may hold up the first start.
+  static constexpr int kReadyWithinMs = 30000;
 
   // Starts the template at once; it imports while the node joins.
   explicit TemplateSpawner(TemplateConfig config);
@@ -63,7 +67,7 @@ class TemplateSpawner final : public Spawner {
 
  private:
   enum class State { kImporting, kReady, kOff };
-  // Whether the template is ready now (without waiting for it).
+  // Whether the template is ready, waiting for its imports if need be.
   bool Ready();
   // Warm starts end for good; `why` is said once.
   void TurnOff(const std::string& why);

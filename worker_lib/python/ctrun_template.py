@@ -133,7 +133,9 @@ def _run(argv):
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
-        sys.excepthook(type(error), error, _trimmed(error.__traceback__))
+        # The exception's own traceback is what gets printed: trim it.
+        error.__traceback__ = _trimmed(error.__traceback__)
+        sys.excepthook(type(error), error, error.__traceback__)
         sys.exit(1)
     sys.exit(0)
 

@@ -1,0 +1,51 @@
+"""What a worker sees of how it was started, for warm-against-cold tests.
+
+Prints one line "probe {json}": whether `wave` was imported before the
+script ran (a warm start preloading it), argv, __file__, sys.path[0], the
+working directory, a few variables, signal dispositions and mask, whether
+the worker leads its own process group and whether its parent is the
+agent. Then, by argv: "exit N" exits N on rank 1, "raise" raises on rank 1,
+"term" has rank 1 SIGTERM itself, "child" starts `sleep 300` and waits.
+"""
+import sys
+
+WARM = "wave" in sys.modules
+
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+agent = os.environ.get("CTRUN_PROGRESS_FILE", "/proc/0/").split("/")[2]
+probe = {
+    "warm": WARM,
+    "argv": sys.argv,
+    "file": __file__,
+    "path0": sys.path[0],
+    "cwd": os.getcwd(),
+    "name": __name__,
+    "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "PROBE_VAR")},
+    "signals": {
+        name: str(signal.getsignal(getattr(signal, name)))
+        for name in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGUSR1", "SIGCHLD")
+    },
+    "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "own_group": os.getpgid(0) == os.getpid(),
+    "parent_is_agent": str(os.getppid()) == agent,
+    "stdout_tty": sys.stdout.isatty(),
+}
+print("probe " + json.dumps(probe, sort_keys=True), flush=True)
+rank = os.environ.get("RANK")
+what = sys.argv[1] if len(sys.argv) > 1 else ""
+if rank == "1" and what == "exit":
+    sys.exit(int(sys.argv[2]))
+if rank == "1" and what == "raise":
+    raise ValueError("rank 1 raises on purpose")
+if rank == "1" and what == "term":
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+if what == "child":
+    child = subprocess.Popen(["sleep", "300"])
+    print("child %d of %d" % (child.pid, os.getpid()), flush=True)
+    child.wait()
