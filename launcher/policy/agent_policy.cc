@@ -472,6 +472,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
          effects);
   }
   if (kept.empty()) {
+    recovering_.reset();
     effects->push_back(StartWorkers{a, {}});
     return;
   }
@@ -493,6 +494,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
                                ranks(fresh), "]"));
   effects->push_back(agent_effect::HandOver{a, kept});
   recovery_deadline_ = now + o.recovery_timeout;
+  recovering_ = Recovering{ended_at_, kept, fresh};
   if (!fresh.empty()) {
     effects->push_back(StartWorkers{a, fresh});
     return;
@@ -519,6 +521,8 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
       w.started = now;
       w.kept = w.restarting = w.resilient = false;
       w.round_left = -1;
+      w.warm = s.warm;
+      if (s.warm) e.set_detail("warm");
       e.set_pid(s.pid);
       continue;
     }
@@ -648,6 +652,81 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
          effects);
   }
   if (!silent.empty()) OnHang(silent, now, wall_now, effects);
+  if (recovering_ && phase_ == Phase::kRunning) {
+    TrackRecovery(samples, now, effects);
+  }
+}
+
+void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
+                                absl::Time now, AgentEffects* effects) {
+  Recovering& r = *recovering_;
+  const int64_t round = assignment_->round();
+  const size_t n = std::min(samples.size(), workers_.size());
+  if (r.formed == absl::InfinitePast()) {
+    absl::Time formed = absl::InfinitePast();
+    for (size_t i = 0; i < n; ++i) {
+      if (!workers_[i].alive) continue;
+      if (samples[i].round_ready < round) return;  // not yet
+      formed = std::max(formed, samples[i].ready_time);
+    }
+    r.formed = formed;
+    r.formed_seen = now;
+    for (size_t i = 0; i < n; ++i) r.beats.push_back(samples[i].beats);
+  }
+  // The first step: every worker's next heartbeat, when they send them
+  // (else it is not known: said without it, at once when none has ever
+  // sent one, after a while otherwise).
+  const bool signalling = std::any_of(r.beats.begin(), r.beats.end(),
+                                      [](uint64_t b) { return b > 0; });
+  absl::Time stepped = absl::InfinitePast();
+  for (size_t i = 0; i < n && stepped != absl::InfiniteFuture(); ++i) {
+    if (!workers_[i].alive) continue;
+    stepped = samples[i].beats > r.beats[i]
+                  ? std::max(stepped, samples[i].beat_time)
+                  : absl::InfiniteFuture();
+  }
+  if (stepped == absl::InfiniteFuture() && signalling &&
+      now < r.formed_seen + kFirstStepWithin) {
+    return;
+  }
+  auto since = [&](absl::Time t) {
+    return absl::StrFormat("%.2fs", absl::ToDoubleSeconds(t - r.ended));
+  };
+  auto ranks = [&](const std::vector<int>& local_ranks) {
+    std::vector<int> out;
+    for (int lr : local_ranks) out.push_back(workers_[lr].rank);
+    return absl::StrJoin(out, ",");
+  };
+  absl::Time left = absl::InfinitePast(), up = absl::InfinitePast();
+  for (int lr : r.kept) left = std::max(left, samples[lr].left_time);
+  int warm = 0;
+  for (int lr : r.fresh) {
+    up = std::max(up, samples[lr].left_time);
+    warm += workers_[lr].warm;
+  }
+  std::string parts =
+      absl::StrCat("rank", r.kept.size() == 1 ? " " : "s ", ranks(r.kept),
+                   " took the new world at ", since(left));
+  if (!r.fresh.empty()) {
+    absl::StrAppend(&parts, ", new process", r.fresh.size() == 1 ? "" : "es",
+                    " for rank", r.fresh.size() == 1 ? " " : "s ",
+                    ranks(r.fresh), " up at ", since(up),
+                    warm == static_cast<int>(r.fresh.size()) ? " (warm)"
+                    : warm == 0                              ? " (cold)"
+                                                             : " (some warm)");
+  }
+  absl::StrAppend(&parts, ", process group formed at ", since(r.formed));
+  const bool stepped_known = stepped != absl::InfiniteFuture();
+  if (stepped_known)
+    absl::StrAppend(&parts, ", first step at ", since(stepped));
+  const absl::Time done = stepped_known ? stepped : r.formed;
+  Tell(absl::StrCat("round ", round, " recovered in ", since(done),
+                    " from the failure: ", parts),
+       effects);
+  v1::Event& e = Record("round_recovered", effects);
+  e.set_duration_s(absl::ToDoubleSeconds(done - r.ended));
+  e.set_detail(parts);
+  recovering_.reset();
 }
 
 void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
@@ -815,15 +894,16 @@ void AgentPolicy::OnWorkerFailure(const WorkerFailureRecord& failure,
   // The survivors keep running; the rendezvous's restart decides. Told
   // now, they leave the old round while it is decided.
   if (first) Report(effects);
-  EndRoundOnce(effects);
+  EndRoundOnce(now, effects);
 }
 
-void AgentPolicy::EndRoundOnce(AgentEffects* effects) {
+void AgentPolicy::EndRoundOnce(absl::Time now, AgentEffects* effects) {
   if (!assignment_ || ended_round_ == assignment_->round() ||
       live_workers() == 0) {
     return;
   }
   ended_round_ = assignment_->round();
+  ended_at_ = now;
   effects->push_back(agent_effect::EndRound{ended_round_});
 }
 
@@ -866,7 +946,7 @@ void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
                      "; the live workers keep their processes "
                      "(--recovery=inprocess)"),
         effects);
-    EndRoundOnce(effects);
+    EndRoundOnce(now, effects);
     phase_ = Phase::kJoining;
     monitor_.Stop();
     recovery_deadline_ = absl::InfiniteFuture();

@@ -227,6 +227,7 @@ struct WorkerStart {
   std::string error_file;
   std::string error;
   absl::Time wall_time;  // of a failed start, for the failure summary
+  bool warm = false;     // forked from the template (--preload)
 };
 
 // A worker's exit as the loop reaped it.
@@ -273,6 +274,9 @@ class AgentPolicy {
   // A rendezvous that cannot be reached is said at the first probe that
   // fails to connect, then this often while it stays so.
   static constexpr absl::Duration kUnreachableEvery = absl::Seconds(30);
+  // An in-process round is said once every worker formed its communicator
+  // and stepped; workers that send no heartbeat get this long to step.
+  static constexpr absl::Duration kFirstStepWithin = absl::Seconds(5);
 
   explicit AgentPolicy(AgentPolicyConfig config);
 
@@ -344,8 +348,9 @@ class AgentPolicy {
     // last round whose world it took.
     bool resilient = false;
     int64_t round_left = -1;
-    // It kept its process into this round.
+    // It kept its process into this round; it was forked warm.
     bool kept = false;
+    bool warm = false;
     // Killed for not taking the new world in time: its end is no failure,
     // and it is started again.
     bool restarting = false;
@@ -417,7 +422,12 @@ class AgentPolicy {
   bool KeepsWorkers(const v1::RestartRequired& restart,
                     AgentEffects* effects) const;
   // Tells the live workers that this round ends, once per round.
-  void EndRoundOnce(AgentEffects* effects);
+  void EndRoundOnce(absl::Time now, AgentEffects* effects);
+  // Follows an in-process round until every worker formed its
+  // communicator again (and stepped, when they signal), then says how
+  // long each part took.
+  void TrackRecovery(const std::vector<ProgressSample>& samples, absl::Time now,
+                     AgentEffects* effects);
   // The workers of the new assignment run (those started, those kept).
   void WorkersUp(absl::Time now, AgentEffects* effects);
   bool inprocess() const {
@@ -485,6 +495,18 @@ class AgentPolicy {
   // world; the round the live workers were last told ends.
   absl::Time recovery_deadline_ = absl::InfiniteFuture();
   int64_t ended_round_ = -1;
+  absl::Time ended_at_;  // when ended_round_ ended here
+  // The in-process round under way, until it is said.
+  struct Recovering {
+    absl::Time ended;              // the old round ended here
+    std::vector<int> kept, fresh;  // local ranks
+    // When every worker had formed its communicator again (their clock),
+    // when that was seen, and each one's heartbeats then.
+    absl::Time formed = absl::InfinitePast();
+    absl::Time formed_seen;
+    std::vector<uint64_t> beats;
+  };
+  std::optional<Recovering> recovering_;
   // The round's latest progress while joining, when it came, and when it
   // is next printed (InfiniteFuture: none came yet).
   std::optional<v1::Progress> progress_;

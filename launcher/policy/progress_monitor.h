@@ -63,6 +63,8 @@ struct ProgressSample {
   bool resilient = false;
   int64_t round_left = -1;
   int64_t round_ready = -1;
+  absl::Time left_time = absl::InfinitePast();   // when it took round_left
+  absl::Time ready_time = absl::InfinitePast();  // when it formed round_ready
 };
 
 // A worker past its timeout.

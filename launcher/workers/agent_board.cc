@@ -143,6 +143,8 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
     s.resilient = flags & progress::kResilient;
     s.round_left = static_cast<int64_t>(slot->round_left.load()) - 1;
     s.round_ready = static_cast<int64_t>(slot->round_ready.load()) - 1;
+    s.left_time = FromMonotonicNs(slot->left_ns.load());
+    s.ready_time = FromMonotonicNs(slot->ready_ns.load());
     s.beats = slot->beats.load(std::memory_order_acquire);
     s.beat_time = FromMonotonicNs(slot->beat_ns.load());
     s.busy = absl::Nanoseconds(slot->busy_ns.load());

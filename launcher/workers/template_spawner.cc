@@ -197,7 +197,7 @@ absl::StatusOr<SpawnedProcess> TemplateSpawner::Fork(
   setpgid(pid, options.own_group ? pid : getpgrp());
   fcntl(out[0], F_SETFL, O_NONBLOCK);
   fcntl(err[0], F_SETFL, O_NONBLOCK);
-  return SpawnedProcess{pid, out[0], err[0]};
+  return SpawnedProcess{pid, out[0], err[0], /*warm=*/true};
 }
 
 }  // namespace ctrun

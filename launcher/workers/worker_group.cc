@@ -184,6 +184,7 @@ WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr) {
     return start;
   }
   start.pid = spawned->pid;
+  start.warm = spawned->warm;
   // A worker in ctrun's group dies with ctrun by its parent-death signal;
   // its group is not the watchdog's to kill.
   if (config_.watchdog && spawn.own_group) {

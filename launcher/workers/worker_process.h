@@ -37,6 +37,7 @@ struct SpawnedProcess {
   // worker and all it started have closed it.
   int stdout_fd = -1;
   int stderr_fd = -1;
+  bool warm = false;  // forked from a template that had its imports done
 };
 
 // Starts `argv` with exactly `env`, with a parent-death signal (SIGKILL),

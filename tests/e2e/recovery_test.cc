@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -79,8 +81,10 @@ TEST_CASE(
     "A worker killed under --recovery=inprocess is replaced; the others "
     "keep their processes and the result is exact",
     "[ctrun][e2e]") {
-  std::vector<std::string> argv =
-      Launch({Script(), "--steps", "60", "--kill_rank", "1"});
+  const std::string events = std::filesystem::temp_directory_path() /
+                             ("ctrun-inprocess-" + std::to_string(getpid()));
+  std::vector<std::string> argv = Launch(
+      {"--event_log=" + events, Script(), "--steps", "60", "--kill_rank", "1"});
   ChildProcess p(argv, {kPython});
   const std::string out = p.ReadAll(kWait);
   INFO(out << p.Stderr());
@@ -106,6 +110,20 @@ TEST_CASE(
         std::string::npos);
   CHECK(err.find("round 1: ranks 0,2,3 kept their processes; new process for "
                  "rank 1") != std::string::npos);
+  // The replacement was forked from the template (torch preloaded), and the
+  // round's parts are said and recorded.
+  CHECK(std::regex_search(
+      err, std::regex("round 1 recovered in [0-9.]+s from the failure: ranks "
+                      "0,2,3 took the new world at [0-9.]+s, new process for "
+                      "rank 1 up at [0-9.]+s \\(warm\\), process group "
+                      "formed at [0-9.]+s, first step at [0-9.]+s")));
+  std::ifstream in(events);
+  const std::string log((std::istreambuf_iterator<char>(in)),
+                        std::istreambuf_iterator<char>());
+  std::filesystem::remove(events);
+  CHECK(log.find("\"event\":\"workers_kept\"") != std::string::npos);
+  CHECK(log.find("\"event\":\"round_recovered\"") != std::string::npos);
+  CHECK(log.find("\"detail\":\"warm\"") != std::string::npos);
 }
 
 TEST_CASE(

@@ -31,7 +31,9 @@
 //                                 before); 0 before any
 //         68   u32 round_ready    1 + the round whose communicator the
 //                                 worker has formed again; 0 before any
-//         72   char section[56]   innermost open section, NUL-terminated
+//         72   i64 left_ns        CLOCK_MONOTONIC when it took round_left
+//         80   i64 ready_ns       CLOCK_MONOTONIC when it formed round_ready
+//         88   char section[40]   innermost open section, NUL-terminated
 //
 // Version 2 ("CTRUNPB2") made room for the round fields in version 1's
 // section name (64 bytes); a writer finding another magic does nothing.
@@ -47,7 +49,7 @@ namespace ctrun::progress {
 inline constexpr char kMagic[8] = {'C', 'T', 'R', 'U', 'N', 'P', 'B', '2'};
 inline constexpr size_t kHeaderSize = 64;
 inline constexpr size_t kSlotSize = 128;
-inline constexpr size_t kSectionNameSize = 56;  // with its NUL
+inline constexpr size_t kSectionNameSize = 40;  // with its NUL
 
 // Slot flags.
 // The innermost open section was entered as untimed (a checkpoint): no hang
@@ -82,11 +84,14 @@ struct Slot {
   std::atomic<uint32_t> stack_signal;
   std::atomic<uint32_t> round_left;
   std::atomic<uint32_t> round_ready;
+  std::atomic<int64_t> left_ns;
+  std::atomic<int64_t> ready_ns;
   char section[kSectionNameSize];
 };
 static_assert(sizeof(Slot) == kSlotSize);
 static_assert(offsetof(Slot, round_left) == 64);
-static_assert(offsetof(Slot, section) == 72);
+static_assert(offsetof(Slot, left_ns) == 72);
+static_assert(offsetof(Slot, section) == 88);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 }  // namespace ctrun::progress

@@ -48,7 +48,7 @@ __all__ = [
 _MAGIC = b"CTRUNPB2"
 _HEADER = 64
 _SLOT = 128
-_NAME = 56
+_NAME = 40
 # Slot flags.
 _UNTIMED = 1
 _STACKS_ON_SIGNAL = 2
@@ -59,7 +59,8 @@ _RESILIENT = 8
 _SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _SECTIONS_DONE = range(7)
 _FLAGS_OFFSET = 56
 _ROUNDS_OFFSET = 64  # u32 round_left, u32 round_ready
-_NAME_OFFSET = 72
+_ROUND_TIMES = 9  # word: i64 left_ns, then i64 ready_ns
+_NAME_OFFSET = 88
 
 _words = None  # memoryview of the board as signed 64-bit words
 _map = None
@@ -158,6 +159,7 @@ def _mark_round(which, round_number):
     """which 0: the worker took round_number's world; 1: its communicator is
     formed again. Stored as 1 + the round (0: none)."""
     if _map is not None:
+        _words[_base + _ROUND_TIMES + which] = _now()
         struct.pack_into("<I", _map, _offset + _ROUNDS_OFFSET + 4 * which, round_number + 1)
 
 

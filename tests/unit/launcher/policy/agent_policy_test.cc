@@ -1463,6 +1463,43 @@ TEST_CASE("In-process recovery keeps the survivors and replaces the dead rank",
   CHECK(h.Reports()[0].state() == v1::WorkerReport::SUCCEEDED);
 }
 
+TEST_CASE("An in-process round says how long each part took", "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  std::vector<ProgressSample> samples = Resilient({true, true});
+  for (ProgressSample& s : samples) s.beats = 10;  // they heartbeat
+  h.Progress(samples);
+  const absl::Time failed = h.now();
+  h.Exit(1, 0, SIGKILL);
+  h.Message(Restart(1, "worker rank 5 failed"));
+  h.AssignOnly(1, /*first=*/4, /*world=*/8);
+  h.Started({1});
+  // Local rank 0 took the world at +0.05 s; the new process reached its
+  // wrapper at +0.10 s; both formed the group by +0.20 s.
+  samples[0].round_left = samples[1].round_left = 1;
+  samples[0].round_ready = samples[1].round_ready = 1;
+  samples[0].left_time = failed + absl::Milliseconds(50);
+  samples[1].left_time = failed + absl::Milliseconds(100);
+  samples[0].ready_time = failed + absl::Milliseconds(190);
+  samples[1].ready_time = failed + absl::Milliseconds(200);
+  samples[1].beats = 0;
+  h.Progress(samples);
+  CHECK(h.Records().empty());  // they heartbeat: waits for the first step
+  samples[0].beats = 11;
+  samples[1].beats = 1;
+  samples[0].beat_time = failed + absl::Milliseconds(250);
+  samples[1].beat_time = failed + absl::Milliseconds(300);
+  h.Progress(samples);
+  CHECK(
+      h.Said("round 1 recovered in 0.30s from the failure: rank 4 took the "
+             "new world at 0.05s, new process for rank 5 up at 0.10s "
+             "(cold), process group formed at 0.20s, first step at 0.30s"));
+  REQUIRE(h.Records() == std::vector<std::string>{"round_recovered/1"});
+  CHECK(h.Recorded(0).duration_s() == Approx(0.3));
+  h.Progress(samples);
+  CHECK(h.Records().empty());  // said once
+}
+
 TEST_CASE("In-process recovery of a lost node starts no process",
           "[agent][unit]") {
   Harness h(InProcess(2));
