@@ -16,6 +16,7 @@
 
 #include "ctrun/environment.h"
 #include "ctrun/progress_board.h"
+#include "progress_internal.h"
 
 namespace ctrun {
 namespace {
@@ -150,3 +151,26 @@ Section::~Section() {
 }
 
 }  // namespace ctrun
+
+namespace ctrun::progress_internal {
+
+void MarkResilient() {
+  if (Slot* slot = TheSlot()) {
+    slot->flags.fetch_or(progress::kResilient, std::memory_order_release);
+  }
+}
+
+void MarkRound(RoundMark which, int64_t round) {
+  Slot* slot = TheSlot();
+  if (slot == nullptr) return;
+  const auto value = static_cast<uint32_t>(round + 1);
+  if (which == RoundMark::kLeft) {
+    slot->left_ns.store(MonotonicNs(), std::memory_order_relaxed);
+    slot->round_left.store(value, std::memory_order_release);
+  } else {
+    slot->ready_ns.store(MonotonicNs(), std::memory_order_relaxed);
+    slot->round_ready.store(value, std::memory_order_release);
+  }
+}
+
+}  // namespace ctrun::progress_internal

@@ -3,6 +3,7 @@
 // train example with and without an interruption.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -101,6 +102,39 @@ TEST_CASE("Four workers all-reduce with Gloo through the job's store",
   INFO(r.err);
   REQUIRE(r.code == 0);
   CHECK(CountMatches(r.out, "ok gloo rank=[0-3] sum=10") == 4);
+}
+
+TEST_CASE(
+    "A C++ worker keeps its process across a peer's death and "
+    "all-reduces correctly in the new round",
+    "[worker][integration]") {
+  auto r =
+      Launch({"--nproc_per_node=3", "--max_restarts=1", "--recovery=inprocess",
+              WorkerProbePath(), "resilient", "40"});
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  // rank -> pid when it first entered, and at the end.
+  std::map<std::string, std::string> first, last;
+  std::regex enter("enter rank=([0-9]) pid=([0-9]+) world=3 step=0");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), enter), end;
+       it != end; ++it) {
+    first[(*it)[1]] = (*it)[2];
+  }
+  std::regex ok("ok resilient rank=([0-9]) pid=([0-9]+) world=3 sum=6");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), ok), end; it != end;
+       ++it) {
+    last[(*it)[1]] = (*it)[2];
+  }
+  REQUIRE(first.size() == 3);
+  REQUIRE(last.size() == 3);
+  CHECK(last["0"] == first["0"]);
+  CHECK(last["2"] == first["2"]);
+  CHECK(last["1"] != first["1"]);
+  // The survivors resumed where they were, with the new rank 1.
+  CHECK(CountMatches(r.out, "enter rank=[0-2] pid=[0-9]+ world=3 step=10") ==
+        3);
+  CHECK(r.err.find("round 1: ranks 0,2 kept their processes; new process for "
+                   "rank 1") != std::string::npos);
 }
 
 std::set<std::string> Checksums(const std::string& out) {

@@ -13,11 +13,17 @@
 //                                in the first attempt (a hang)
 //   worker_probe gpu-share same|own  claims one GPU for all workers, or
 //                                one each (CheckGpuNotShared)
+//   worker_probe resilient N     N steps of all-reducing rank+1 (20 ms
+//                                each) on a ctrun::ResilientGloo; rank 1
+//                                SIGKILLs itself at step 10 of round 0;
+//                                the others re-form and go on
 //   worker_probe nccl            all-reduces rank+1 with NCCL on the GPU
 //                                LOCAL_RANK (builds with NCCL only)
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <openssl/sha.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +35,7 @@
 #include "ctrun/gloo.h"
 #include "ctrun/nccl.h"
 #include "ctrun/progress.h"
+#include "ctrun/recovery.h"
 #include "ctrun/store.h"
 #include "ctrun/worker.h"
 
@@ -149,6 +156,57 @@ int Steps(const ctrun::WorkerIdentity& id, int steps, int hang_rank) {
 
 }  // namespace
 
+// Resumes at the furthest step any rank reached; every step's sum is
+// checked against the world's.
+int Resilient(int steps) {
+  auto comm = ctrun::ResilientGloo::Create();
+  if (!comm.ok()) return Fail(comm.status().ToString());
+  int step = 0;
+  for (;;) {
+    try {
+      ctrun::ResilientGloo& c = **comm;
+      const ctrun::WorkerIdentity& id = c.identity();
+      std::vector<double> furthest = {static_cast<double>(step)};
+      gloo::AllreduceOptions agree(c.context());
+      agree.setOutput(furthest.data(), furthest.size());
+      agree.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(
+              &gloo::max<double>));
+      gloo::allreduce(agree);
+      step = static_cast<int>(furthest[0]);
+      std::printf("enter rank=%d pid=%d world=%d step=%d\n", id.rank,
+                  static_cast<int>(getpid()), id.world_size, step);
+      std::fflush(stdout);
+      const double expected = id.world_size * (id.world_size + 1) / 2.0;
+      double sum = 0;
+      while (step < steps) {
+        if (ctrun::Round() == 0 && step == 10 && id.rank == 1) {
+          kill(getpid(), SIGKILL);
+        }
+        std::vector<double> value = {static_cast<double>(id.rank + 1)};
+        gloo::AllreduceOptions opts(c.context());
+        opts.setOutput(value.data(), value.size());
+        opts.setReduceFunction(
+            static_cast<void (*)(void*, const void*, const void*, size_t)>(
+                &gloo::sum<double>));
+        gloo::allreduce(opts);
+        sum = value[0];
+        EXPECT(sum == expected);
+        ++step;
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      std::printf("ok resilient rank=%d pid=%d world=%d sum=%.0f\n", id.rank,
+                  static_cast<int>(getpid()), id.world_size, sum);
+      return 0;
+    } catch (const std::exception& e) {
+      if (absl::Status s = (*comm)->Reform(); !s.ok()) {
+        return Fail(absl::StrCat("collective failed (", e.what(),
+                                 ") and no new round: ", s.ToString()));
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   auto id = ctrun::WorkerIdentity::FromEnvironment();
@@ -165,6 +223,7 @@ int main(int argc, char** argv) {
         id->node_address.c_str());
     return 0;
   }
+  if (mode == "resilient" && argc == 3) return Resilient(std::atoi(argv[2]));
   if (mode == "steps" && argc == 4) {
     return Steps(*id, std::atoi(argv[2]), std::atoi(argv[3]));
   }
