@@ -123,6 +123,27 @@ def _sweep_sockets():
             s.close()  # the duplicate only
 
 
+def _abort_nccl():
+    """Aborts the default group's NCCL communicators (ncclCommAbort), which
+    ends a collective that waits on a dead peer; a socket sweep does not
+    reach NCCL's transports. False when there is none to abort."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_backend() != "nccl":
+            return False
+        c10d = dist.distributed_c10d
+        if hasattr(c10d, "_abort_process_group"):  # PyTorch >= 2.6
+            c10d._abort_process_group()
+            return True
+        pg = c10d._get_default_group()
+        backend = pg._get_backend(__import__("torch").device("cuda"))
+        backend.abort()
+        return True
+    except Exception:
+        return False
+
+
 def _wait_listening(host, port, deadline):
     """A TCPStore client that arrives before its server listens retries only
     a second later: wait for the listener first."""
@@ -199,7 +220,8 @@ class _Recovery:
             # (a collective waiting for a dead peer). Never once the main
             # thread has left: the sockets would be the new round's.
             if self._inside and self._entries == entry:
-                _sweep_sockets()
+                if not _abort_nccl():
+                    _sweep_sockets()
 
     def _on_signal(self, signum, frame):
         if self._inside and self._released:
