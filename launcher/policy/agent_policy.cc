@@ -378,6 +378,10 @@ void AgentPolicy::Report(AgentEffects* effects) const {
   auto* r = m.mutable_worker_report();
   r->set_round(assignment_->round());
   r->set_state(report_);
+  if (report_ == v1::WorkerReport::RUNNING) {
+    r->set_kept_workers(kept_workers_);
+    r->set_recovery_s(recovery_s_);
+  }
   if (report_ == v1::WorkerReport::FAILED && !failures_.empty()) {
     const WorkerFailureRecord& failure = failures_.front();
     auto* f = r->mutable_failure();
@@ -412,6 +416,8 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   ++assignments_;
   phase_ = Phase::kRunning;
   report_ = v1::WorkerReport::RUNNING;
+  kept_workers_ = 0;
+  recovery_s_ = 0;
   failures_.clear();
   progress_.reset();
   progress_due_ = absl::InfiniteFuture();
@@ -492,6 +498,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   Record("workers_kept", effects)
       .set_detail(absl::StrCat("kept ranks [", ranks(kept), "]; new ranks [",
                                ranks(fresh), "]"));
+  kept_workers_ = static_cast<int32_t>(kept.size());
   effects->push_back(agent_effect::HandOver{a, kept});
   recovery_deadline_ = now + o.recovery_timeout;
   recovering_ = Recovering{ended_at_, kept, fresh};
@@ -727,6 +734,9 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
   e.set_duration_s(absl::ToDoubleSeconds(done - r.ended));
   e.set_detail(parts);
   recovering_.reset();
+  // The rendezvous hears it too (ctrun status, metrics).
+  recovery_s_ = std::max(1e-6, absl::ToDoubleSeconds(done - r.ended));
+  if (report_ == v1::WorkerReport::RUNNING) Report(effects);
 }
 
 void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,

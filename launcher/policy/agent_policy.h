@@ -463,6 +463,10 @@ class AgentPolicy {
   std::vector<Worker> workers_;
   // What this round's last report said: RUNNING, SUCCEEDED or FAILED.
   v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;
+  // In-process recovery in this round: workers kept, and how long until
+  // every worker formed its group again (0: not yet, or not in process).
+  int32_t kept_workers_ = 0;
+  double recovery_s_ = 0;
   std::vector<WorkerFailureRecord> failures_;  // this attempt, first first
   bool omp_notice_given_ = false;
   // Restarts the service gave back (Assignment.restart_refunded), in order.

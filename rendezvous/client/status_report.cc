@@ -66,6 +66,17 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
               ? std::string("resuming")
               : absl::StrFormat("%.1fs ago", n.heartbeat_age_ms() / 1000.0));
     }
+    for (const auto& n : job.nodes()) {
+      if (n.kept_workers() == 0) continue;
+      absl::StrAppendFormat(&out, "  in-process: %s kept %d of %d processes",
+                            n.node().hostname(), n.kept_workers(),
+                            n.local_world_size());
+      if (n.recovery_s() > 0) {
+        absl::StrAppendFormat(&out, ", every rank back in %.2fs",
+                              n.recovery_s());
+      }
+      absl::StrAppend(&out, "\n");
+    }
     for (const auto& lost : job.lost_nodes()) {
       absl::StrAppend(&out, "  lost: ", lost, "\n");
     }

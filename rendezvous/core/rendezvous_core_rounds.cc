@@ -57,6 +57,8 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
     node.group_rank = -1;
     node.first_global_rank = -1;
     node.workers_running = false;
+    node.kept_workers = 0;
+    node.recovery_s = 0;
     switch (node.state) {
       case v1::NodeStatus::ACTIVE:
       case v1::NodeStatus::SUCCEEDED:

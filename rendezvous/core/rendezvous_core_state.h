@@ -38,6 +38,9 @@ struct RendezvousCore::Node {
   // The round a PENDING_REJOIN node was told to rejoin.
   int64_t rejoin_round = -1;
   bool workers_running = false;
+  // In-process recovery in the running round, as the node reported it.
+  int32_t kept_workers = 0;
+  double recovery_s = 0;
 
   std::string Name() const {
     return absl::StrCat(join.node().hostname(), ":", join.node().pid());

@@ -49,6 +49,8 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
     n->set_heartbeat_age_ms(
         resuming ? 0 : absl::ToInt64Milliseconds(now - node->last_seen));
     n->set_workers_running(node->workers_running);
+    n->set_kept_workers(node->kept_workers);
+    n->set_recovery_s(node->recovery_s);
   }
   return s;
 }

@@ -100,6 +100,19 @@ struct RendezvousMetrics::Families {
                              "etcd txn)")
                        .Register(r)
                        .Add({}, LatencyBuckets())),
+        kept(BuildCounter()
+                 .Name("ctrund_workers_kept_total")
+                 .Help("Workers that kept their processes into a new round "
+                       "(--recovery=inprocess)")
+                 .Register(r)
+                 .Add({})),
+        recovery_seconds(
+            BuildHistogram()
+                .Name("ctrund_inprocess_recovery_seconds")
+                .Help("In-process rounds, per node: from the failure to "
+                      "every worker's process group formed again")
+                .Register(r)
+                .Add({}, RoundBuckets())),
         refusals(BuildCounter()
                      .Name("ctrund_refusals_total")
                      .Help("Sessions, store requests and admin calls "
@@ -114,6 +127,8 @@ struct RendezvousMetrics::Families {
   prometheus::Family<prometheus::Histogram>& store_ops;
   prometheus::Family<prometheus::Counter>& store_errors;
   prometheus::Histogram& log_writes;
+  prometheus::Counter& kept;
+  prometheus::Histogram& recovery_seconds;
   prometheus::Family<prometheus::Counter>& refusals;
 };
 
@@ -197,6 +212,9 @@ void RendezvousMetrics::Count(const v1::Event& event) {
     }
   } else if (event.event() == "round_closed") {
     families_->round_seconds.Observe(event.duration_s());
+  } else if (event.event() == "workers_recovered") {
+    families_->kept.Increment(event.kept());
+    families_->recovery_seconds.Observe(event.duration_s());
   } else if (event.event() == "job_finished") {
     families_->jobs_ended.Add({{"outcome", "finished"}}).Increment();
   } else if (event.event() == "job_failed") {

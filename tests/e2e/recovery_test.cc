@@ -12,8 +12,11 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "rendezvous/rpc/endpoint.h"
 #include "tests/support/child_process.h"
 #include "tests/support/daemon.h"
+#include "tests/support/http_get.h"
 
 namespace ctrun::testing {
 namespace {
@@ -165,7 +168,9 @@ TEST_CASE(
     "A lost node's peers keep their processes in the shrunk world and "
     "grow back when a node joins",
     "[multinode][e2e]") {
-  Daemon daemon;
+  auto metrics_port = BindFreePort("127.0.0.1");
+  REQUIRE(metrics_port.ok());
+  Daemon daemon({absl::StrCat("--metrics-listen=127.0.0.1:", *metrics_port)});
   const std::vector<std::string> flags = {
       "--nnodes=1:2",         "--nproc_per_node=2",
       "--rdzv_backend=c10d",  "--rdzv_endpoint=" + daemon.endpoint(),
@@ -200,6 +205,29 @@ TEST_CASE(
     CHECK(std::count_if(pids.begin(), pids.end(), [&](const auto& rp) {
             return rp.second == e[0].pid;
           }) == 1);
+  }
+  // The rendezvous shows the node's kept processes and its recovery.
+  {
+    std::string shown;
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < end &&
+           shown.find("every rank back in") == std::string::npos) {
+      ChildProcess status({CtrunPath(), "status",
+                           "--rdzv_endpoint=" + daemon.endpoint(),
+                           "--rdzv_id=inprocess"});
+      shown = status.ReadAll(kWait);
+      status.Wait(kWait);
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    INFO(shown);
+    CHECK(std::regex_search(
+        shown, std::regex("in-process: [^ ]+ kept 2 of 2 processes, every "
+                          "rank back in [0-9.]+s")));
+    auto metrics = HttpGet("127.0.0.1", *metrics_port, "/metrics");
+    REQUIRE(metrics.ok());
+    CHECK(metrics->find("ctrund_workers_kept_total 2") != std::string::npos);
+    CHECK(metrics->find("ctrund_inprocess_recovery_seconds_count 1") !=
+          std::string::npos);
   }
   auto c = node(4);
   for (int i = 0; i < 2; ++i) {

@@ -79,6 +79,16 @@ class Harness {
       }
     });
   }
+  // RUNNING, with in-process recovery's figures.
+  void ReportKept(SessionId s, int64_t round, int kept, double recovery_s) {
+    Send(s, [&](v1::AgentMessage& m) {
+      auto* r = m.mutable_worker_report();
+      r->set_round(round);
+      r->set_state(v1::WorkerReport::RUNNING);
+      r->set_kept_workers(kept);
+      r->set_recovery_s(recovery_s);
+    });
+  }
   void Heartbeat(SessionId s) {
     Send(s, [](v1::AgentMessage& m) { m.mutable_heartbeat(); });
   }
@@ -783,6 +793,33 @@ TEST_CASE("A report of an ended round changes nothing", "[rendezvous][unit]") {
   h.Report(2, 0, v1::WorkerReport::FAILED);  // raced with the restart
   CHECK(h.core().DescribeJob("job", h.now())->restart_count() == 1);
   CHECK_FALSE(h.Ended(2));
+}
+
+TEST_CASE("A node's in-process recovery shows in its status and an event",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  auto report = [&](int kept, double recovery_s) {
+    h.ReportKept(1, 0, kept, recovery_s);
+  };
+  auto recovered = [&] {
+    return std::count_if(
+        h.events().begin(), h.events().end(),
+        [](const v1::Event& e) { return e.event() == "workers_recovered"; });
+  };
+  report(3, 0);
+  CHECK(h.core().DescribeJob("job", h.now())->nodes(0).kept_workers() == 3);
+  CHECK(recovered() == 0);
+  report(3, 0.25);
+  auto job = h.core().DescribeJob("job", h.now());
+  CHECK(job->nodes(0).recovery_s() == 0.25);
+  REQUIRE(recovered() == 1);
+  const v1::Event& e = h.events().back();
+  CHECK(e.kept() == 3);
+  CHECK(e.duration_s() == 0.25);
+  CHECK(e.node() == "a:1001");
+  report(3, 0.25);  // said again (a resumed session): one event
+  CHECK(recovered() == 1);
 }
 
 TEST_CASE("A report for a future round ends the session",
