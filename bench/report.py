@@ -130,6 +130,55 @@ class Report:
             "workers per node (N)", "milliseconds", data,
             ["ctrun", "torchrun", "floor: spawn N processes"], logx=True)))
 
+    # --- a real PyTorch job's recovery -------------------------------------
+    def pytorch_recovery(self):
+        rows = {r["bench"]: r for r in self.rows
+                if r["bench"] in ("pytorch_worker_kill", "pytorch_node_kill")}
+        if not rows:
+            return
+
+        def cell(s):
+            if s is None:
+                return "never"
+            return ms([s["median"], s["min"], s["max"]], digits=0)
+
+        def speedup(fast, slow):
+            if fast is None or slow is None:
+                return "—"
+            return ratio([fast["median"]], [slow["median"]])
+
+        self.out("### A PyTorch job: from a failure to every rank stepping "
+                 "again",
+                 "",
+                 "`bench/pytorch_recovery_bench.py`: a Gloo job all-reducing "
+                 "in a loop (`bench/recovery_job.py`), each rank logging every "
+                 "finished step; the figure runs from the `kill -9` to the "
+                 "slowest rank's first step after it. Worker: one node, 4 "
+                 "ranks, rank 1 kills itself. Node: two nodes of 2 ranks "
+                 "(`--nnodes=1:2`, ctrun's meeting at a ctrund), group rank "
+                 "1's agent is killed. *kept*: ranks that stepped again in "
+                 "the process they had; *warm*: new processes forked from "
+                 "the template.",
+                 "",
+                 "| | torchrun | ctrun (restart) | ctrun `--preload=torch` | "
+                 "ctrun `--recovery=inprocess` | torchrun / in-process |",
+                 "|---|---:|---:|---:|---:|---:|")
+        names = {"pytorch_worker_kill": "worker `kill -9`",
+                 "pytorch_node_kill": "node (agent) `kill -9`"}
+        for name in ("pytorch_worker_kill", "pytorch_node_kill"):
+            if name not in rows:
+                continue
+            r = rows[name]
+            parts = []
+            for v in ("torchrun", "ctrun", "preload", "inprocess"):
+                s = r.get(v)
+                extra = (f"; kept {s['kept']}, warm {s['warm']}"
+                         if s and (s["kept"] or s["warm"]) else "")
+                parts.append(cell(s) + extra)
+            self.out(f"| {names[name]} | " + " | ".join(parts) +
+                     f" | {speedup(r['inprocess'], r['torchrun'])} |")
+        self.out("")
+
     # --- multi-node and recovery -----------------------------------------
     def recovery(self):
         rows = {r["bench"]: r for r in self.rows
@@ -508,6 +557,25 @@ class Report:
             if isinstance(c, list):
                 rows.append((text, verdict(c[0] <= limit,
                                            f"{c[0] * 1000:.0f} ms")))
+        torch_rec = {r["bench"]: r for r in self.rows
+                     if r["bench"].startswith("pytorch_")}
+        for name, limit, text in (
+                ("pytorch_worker_kill", 0.5,
+                 "PyTorch job, worker `kill -9` → every rank stepping, in "
+                 "process, within 0.5 s and ≥ 8× torchrun"),
+                ("pytorch_node_kill", 1.0,
+                 "PyTorch job, node `kill -9` → every rank stepping, in "
+                 "process, within 1 s")):
+            r = torch_rec.get(name)
+            if not r or not r.get("inprocess"):
+                continue
+            s = r["inprocess"]["median"]
+            t = (r.get("torchrun") or {}).get("median")
+            ok = s <= limit and (name != "pytorch_worker_kill" or
+                                 (t is not None and t / s >= 8))
+            rows.append((text, verdict(ok, f"{s * 1000:.0f} ms" + (
+                f", {t / s:.0f}× torchrun" if t else
+                ", torchrun never"))))
         big = [r["all_assigned_ms"] for r in self.pick(
             bench="rendezvous", impl="ctrun", agents=4096)]
         if big:
@@ -601,6 +669,7 @@ def main():
                "stores) shares the same cores.", "")
     report.launch()
     report.recovery()
+    report.pytorch_recovery()
     report.rendezvous()
     report.store()
     report.durability()

@@ -57,6 +57,10 @@ step "multi-node start and recovery"
   --runs "$runs" --give_up "$give_up" --nodes "$nodes" |
   grep '^{' >"$out/recovery.jsonl"
 
+step "a PyTorch job: from a failure to every rank stepping again"
+"$python" bench/pytorch_recovery_bench.py --ctrun "$ctrun" --runs "$runs" \
+  --give_up "$give_up" | grep '^{' >"$out/pytorch_recovery.jsonl"
+
 step "loopback round trip"
 "$bin/floors" rtt >"$out/rtt.jsonl"
 

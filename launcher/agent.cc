@@ -562,18 +562,15 @@ void Agent::Apply(const AgentEffect& effect) {
     }
     const std::vector<WorkerStart> started =
         some ? workers_->StartSome(a, start->local_ranks) : workers_->Start(a);
+    // One run per local rank: a new attempt starts them all afresh, a
+    // replacement takes its local rank's.
     if (!some) rank_runs_.clear();
-    rank_runs_.resize(static_cast<size_t>(
-        std::max<int>(static_cast<int>(rank_runs_.size()),
-                      some ? config_.workers.options.local_world_size : 0)));
     for (const WorkerStart& w : started) {
-      const int rank = static_cast<int>(a.first_global_rank()) + w.local_rank;
-      if (some) {
-        rank_runs_[static_cast<size_t>(w.local_rank)] =
-            RankRun{rank, absl::Now(), std::nullopt};
-      } else {
-        rank_runs_.push_back(RankRun{rank, absl::Now(), std::nullopt});
-      }
+      const auto lr = static_cast<size_t>(w.local_rank);
+      if (rank_runs_.size() <= lr) rank_runs_.resize(lr + 1);
+      rank_runs_[lr] = RankRun{
+          static_cast<int>(a.first_global_rank()) + w.local_rank, absl::Now(),
+          std::nullopt};
     }
     std::vector<int> ranks;
     for (const RankRun& run : rank_runs_) ranks.push_back(run.rank);
