@@ -206,7 +206,10 @@ WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr) {
 }
 
 std::string WorkerGroup::WorldFile(int local_rank) const {
-  return absl::StrCat(config_.run_dir, "/world_", local_rank);
+  // In the agent's folder: removed with it, and never a reason to keep the
+  // run directory.
+  return absl::StrCat(config_.run_dir, "/", kAgentFolder, "/world_",
+                      local_rank);
 }
 
 void WorkerGroup::WriteWorldFile(int local_rank, const std::string& text) {
