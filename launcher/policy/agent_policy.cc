@@ -487,9 +487,9 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
     for (int lr : local_ranks) r.push_back(workers_[lr].rank);
     return absl::StrJoin(r, ",");
   };
-  std::string line =
-      absl::StrCat("round ", a.round(), ": rank", kept.size() == 1 ? " " : "s ",
-                   ranks(kept), " kept their processes");
+  std::string line = absl::StrCat(
+      "round ", a.round(), ": rank", kept.size() == 1 ? " " : "s ", ranks(kept),
+      kept.size() == 1 ? " kept its process" : " kept their processes");
   if (!fresh.empty()) {
     absl::StrAppend(&line, "; new process", fresh.size() == 1 ? "" : "es",
                     " for rank", fresh.size() == 1 ? " " : "s ", ranks(fresh));
