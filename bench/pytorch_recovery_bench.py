@@ -25,26 +25,18 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
+
+from recovery_bench import free_port, stop  # the same folder's
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 TORCHRUN = [PYTHON, os.path.join(HERE, "..", "scripts", "torchrun-compat.py"),
             "--monitor_interval=0.1"]
 JOB = os.path.join(HERE, "recovery_job.py")
-
-
-def free_port(host="127.0.0.1"):
-    s = socket.socket()
-    s.bind((host, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def read_log(log):
@@ -84,17 +76,6 @@ def spawn(cmd, env=None):
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
                             env=env)
-
-
-def stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        p.wait()
 
 
 def measure(procs, log, world, give_up):

@@ -568,9 +568,9 @@ void Agent::Apply(const AgentEffect& effect) {
     for (const WorkerStart& w : started) {
       const auto lr = static_cast<size_t>(w.local_rank);
       if (rank_runs_.size() <= lr) rank_runs_.resize(lr + 1);
-      rank_runs_[lr] = RankRun{
-          static_cast<int>(a.first_global_rank()) + w.local_rank, absl::Now(),
-          std::nullopt};
+      rank_runs_[lr] =
+          RankRun{static_cast<int>(a.first_global_rank()) + w.local_rank,
+                  absl::Now(), std::nullopt};
     }
     std::vector<int> ranks;
     for (const RankRun& run : rank_runs_) ranks.push_back(run.rank);

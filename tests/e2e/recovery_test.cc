@@ -196,18 +196,24 @@ TEST_CASE(
     REQUIRE(e.size() == 1);
     pids[e[0].rank] = e[0].pid;
   }
+  auto kept = [&](int pid) {
+    return std::count_if(pids.begin(), pids.end(),
+                         [&](const auto& rp) { return rp.second == pid; }) == 1;
+  };
+  // a's two workers enter a world of `world`, in the processes they had.
+  auto a_enters_kept = [&](int world) {
+    for (int i = 0; i < 2; ++i) {
+      auto line = a->WaitForLine(absl::StrCat("world=", world), kWait);
+      REQUIRE(line);
+      const std::vector<Entry> e = Entries(*line);
+      REQUIRE(e.size() == 1);
+      CHECK(kept(e[0].pid));
+    }
+  };
   REQUIRE(b->WaitForLine("world=4", kWait));
   ::kill(b->pid(), SIGKILL);  // the agent alone; its watchdog ends its workers
   CHECK(b->Wait(kWait) == 128 + SIGKILL);
-  for (int i = 0; i < 2; ++i) {
-    auto line = a->WaitForLine("world=2", kWait);
-    REQUIRE(line);
-    const std::vector<Entry> e = Entries(*line);
-    REQUIRE(e.size() == 1);
-    CHECK(std::count_if(pids.begin(), pids.end(), [&](const auto& rp) {
-            return rp.second == e[0].pid;
-          }) == 1);
-  }
+  a_enters_kept(2);
   // The rendezvous shows the node's kept processes and its recovery.
   {
     std::string shown;
@@ -232,15 +238,7 @@ TEST_CASE(
           std::string::npos);
   }
   auto c = node(4);
-  for (int i = 0; i < 2; ++i) {
-    auto line = a->WaitForLine("world=4", kWait);
-    REQUIRE(line);
-    const std::vector<Entry> e = Entries(*line);
-    REQUIRE(e.size() == 1);
-    CHECK(std::count_if(pids.begin(), pids.end(), [&](const auto& rp) {
-            return rp.second == e[0].pid;
-          }) == 1);
-  }
+  a_enters_kept(4);
   const std::string rest = a->ReadAll(kWait);
   INFO(rest << a->Stderr() << c->Stderr());
   CHECK(a->Wait(kWait) == 0);
@@ -248,10 +246,7 @@ TEST_CASE(
   CHECK(c->Wait(kWait) == 0);
   std::set<std::string> sums;
   const std::map<int, int> finals = Finals(rest, &sums);
-  for (const auto& [rank, pid] : finals) {
-    CHECK(std::count_if(pids.begin(), pids.end(),
-                        [&](const auto& rp) { return rp.second == pid; }) == 1);
-  }
+  for (const auto& [rank, pid] : finals) CHECK(kept(pid));
   CHECK(a->Stderr().find("was lost") != std::string::npos);
   CHECK(a->Stderr().find("the live workers keep their processes") !=
         std::string::npos);
