@@ -127,6 +127,19 @@ else
   result FAIL one-visible "exit $rc after ${took}s, no LOCAL_RANK message"
 fi
 
+# 4b. In-process recovery on NCCL: a rank killed, the others keep their
+# processes and form a new communicator (needs two GPUs).
+if [ "$GPUS" -ge 2 ]; then
+  launch resilient-nccl 120 "${CTRUN[@]}" --nproc_per_node="$GPUS" --max_restarts=1 \
+    --recovery=inprocess "$BIN/worker_probe" resilient-nccl 40
+  ok=$(grep -c "ok resilient-nccl" "$LOG/resilient-nccl.log")
+  if [ "$rc" = 0 ] && [ "$ok" = "$GPUS" ] && grep -q "kept their processes\|kept its process" "$LOG/resilient-nccl.log"; then
+    result PASS resilient-nccl "$(grep -o 'round 1 recovered in [0-9.]*s' "$LOG/resilient-nccl.log")"
+  else
+    result FAIL resilient-nccl "exit $rc, $ok of $GPUS ranks finished"
+  fi
+fi
+
 # 5. The users' own scripts under ctrun, and the environment they see.
 for script in ddp_nccl accelerate_check trainer_check; do
   launch "$script" 180 "${CTRUN[@]}" --nproc_per_node=gpu "$ROOT/tests/gpu/$script.py"

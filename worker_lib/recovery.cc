@@ -113,7 +113,7 @@ int Round() {
 }
 
 // Watches the world file from a thread of its own; see recovery.h.
-class ResilientGloo::Watcher {
+class ResilientWorld::Watcher {
  public:
   Watcher(std::string path, int64_t round, int store_port)
       : path_(std::move(path)), round_(round), store_port_(store_port) {
@@ -196,36 +196,32 @@ class ResilientGloo::Watcher {
   std::thread thread_;
 };
 
-absl::StatusOr<std::unique_ptr<ResilientGloo>> ResilientGloo::Create(
-    absl::Duration timeout) {
+ResilientWorld::ResilientWorld() = default;
+ResilientWorld::~ResilientWorld() = default;
+
+absl::StatusOr<std::unique_ptr<ResilientWorld>> ResilientWorld::Create() {
   auto identity = WorkerIdentity::FromEnvironment();
   if (!identity.ok()) return identity.status();
-  std::unique_ptr<ResilientGloo> comm(new ResilientGloo());
-  comm->timeout_ = timeout;
-  comm->identity_ = *identity;
-  auto store = WorkerStore::Connect(comm->identity_);
+  std::unique_ptr<ResilientWorld> world(new ResilientWorld());
+  world->identity_ = *identity;
+  auto store = WorkerStore::Connect(world->identity_);
   if (!store.ok()) return store.status();
-  comm->store_ = std::move(*store);
+  world->store_ = std::move(*store);
   const char* recovery = std::getenv(env::kRecovery);
   const char* path = std::getenv(env::kWorldFile);
   if (recovery != nullptr && std::string(recovery) == "inprocess" &&
       path != nullptr) {
-    comm->watcher_ = std::make_unique<Watcher>(
+    world->watcher_ = std::make_unique<Watcher>(
         path, identity->store_round, PortOf(identity->store_endpoint));
     progress_internal::MarkResilient();
     MarkRound(RoundMark::kLeft, identity->store_round);
-    comm->watcher_->Enter(identity->store_round);
+    world->watcher_->Enter(identity->store_round);
   }
-  auto context = CreateGlooContext(comm->identity_, *comm->store_, 0, timeout);
-  if (!context.ok()) return context.status();
-  comm->context_ = std::move(*context);
-  MarkRound(RoundMark::kReady, identity->store_round);
-  return comm;
+  return world;
 }
 
-ResilientGloo::~ResilientGloo() = default;
-
-absl::Status ResilientGloo::Reform(absl::Duration grace) {
+absl::Status ResilientWorld::NextRound(absl::Duration grace,
+                                       const std::function<void()>& drop) {
   if (!watcher_) {
     return absl::FailedPreconditionError(
         "in-process recovery needs ctrun --recovery=inprocess");
@@ -241,18 +237,78 @@ absl::Status ResilientGloo::Reform(absl::Duration grace) {
   if (!identity.ok()) return identity.status();
   identity_ = *identity;
   MarkRound(RoundMark::kLeft, identity_.store_round);
-  // The old round's context and store go first: their sockets are broken.
-  context_.reset();
+  // The old round's communicator and store go first: they are broken.
+  drop();
   store_.reset();
   auto store = WorkerStore::Connect(identity_);
   if (!store.ok()) return store.status();
   store_ = std::move(*store);
+  // Forming the new communicator can be released too.
   watcher_->Enter(identity_.store_round);
-  auto context = CreateGlooContext(identity_, *store_, 0, timeout_);
-  if (!context.ok()) return context.status();
-  context_ = std::move(*context);
-  MarkRound(RoundMark::kReady, identity_.store_round);
   return absl::OkStatus();
 }
+
+void ResilientWorld::Formed() {
+  MarkRound(RoundMark::kReady, identity_.store_round);
+}
+
+absl::StatusOr<std::unique_ptr<ResilientGloo>> ResilientGloo::Create(
+    absl::Duration timeout) {
+  auto world = ResilientWorld::Create();
+  if (!world.ok()) return world.status();
+  std::unique_ptr<ResilientGloo> comm(new ResilientGloo());
+  comm->world_ = std::move(*world);
+  comm->timeout_ = timeout;
+  if (absl::Status s = comm->Form(); !s.ok()) return s;
+  return comm;
+}
+
+absl::Status ResilientGloo::Form() {
+  auto context =
+      CreateGlooContext(world_->identity(), world_->store(), 0, timeout_);
+  if (!context.ok()) return context.status();
+  context_ = std::move(*context);
+  world_->Formed();
+  return absl::OkStatus();
+}
+
+absl::Status ResilientGloo::Reform(absl::Duration grace) {
+  if (absl::Status s = world_->NextRound(grace, [&] { context_.reset(); });
+      !s.ok()) {
+    return s;
+  }
+  return Form();
+}
+
+#if defined(CTRUN_WITH_NCCL)
+absl::StatusOr<std::unique_ptr<ResilientNccl>> ResilientNccl::Create(
+    absl::Duration timeout) {
+  auto world = ResilientWorld::Create();
+  if (!world.ok()) return world.status();
+  std::unique_ptr<ResilientNccl> comm(new ResilientNccl());
+  comm->world_ = std::move(*world);
+  comm->timeout_ = timeout;
+  if (absl::Status s = comm->Form(); !s.ok()) return s;
+  return comm;
+}
+
+absl::Status ResilientNccl::Form() {
+  auto communicator =
+      CreateNcclCommunicator(world_->identity(), world_->store(), 0, timeout_);
+  if (!communicator.ok()) return communicator.status();
+  communicator_ = std::move(*communicator);
+  world_->Formed();
+  return absl::OkStatus();
+}
+
+absl::Status ResilientNccl::Reform(absl::Duration grace) {
+  // Destroying a communicator that saw an error aborts it (nccl.h).
+  if (absl::Status s = world_->NextRound(grace, [&] { communicator_.reset(); });
+      !s.ok()) {
+    return s;
+  }
+  return Form();
+}
+#endif
 
 }  // namespace ctrun

@@ -17,6 +17,8 @@
 //                                each) on a ctrun::ResilientGloo; rank 1
 //                                SIGKILLs itself at step 10 of round 0;
 //                                the others re-form and go on
+//   worker_probe resilient-nccl N  the same on a ctrun::ResilientNccl
+//                                (builds with NCCL only)
 //   worker_probe nccl            all-reduces rank+1 with NCCL on the GPU
 //                                LOCAL_RANK (builds with NCCL only)
 #include <gloo/allreduce.h>
@@ -136,6 +138,42 @@ int Nccl(const ctrun::WorkerIdentity& id, ctrun::WorkerStore& store) {
               (*comm)->device(), value[0]);
   return 0;
 }
+
+// `resilient` on NCCL: its collectives return a status.
+int ResilientNccl(int steps) {
+  auto comm = ctrun::ResilientNccl::Create();
+  if (!comm.ok()) return Fail(comm.status().ToString());
+  int step = 0;
+  for (;;) {
+    ctrun::ResilientNccl& c = **comm;
+    const ctrun::WorkerIdentity& id = c.identity();
+    const double expected = id.world_size * (id.world_size + 1) / 2.0;
+    absl::Status failed;
+    std::printf("enter rank=%d pid=%d world=%d\n", id.rank,
+                static_cast<int>(getpid()), id.world_size);
+    std::fflush(stdout);
+    while (failed.ok() && step < steps) {
+      if (ctrun::Round() == 0 && step == 10 && id.rank == 1) {
+        kill(getpid(), SIGKILL);
+      }
+      std::vector<double> value = {static_cast<double>(id.rank + 1)};
+      failed = c.communicator().AllReduceSum(value.data(), value.size());
+      if (failed.ok()) {
+        EXPECT(value[0] == expected);
+        ++step;
+      }
+    }
+    if (failed.ok()) {
+      std::printf("ok resilient-nccl rank=%d pid=%d world=%d\n", id.rank,
+                  static_cast<int>(getpid()), id.world_size);
+      return 0;
+    }
+    if (absl::Status s = c.Reform(); !s.ok()) {
+      return Fail(absl::StrCat("collective failed (", failed.ToString(),
+                               ") and no new round: ", s.ToString()));
+    }
+  }
+}
 #endif
 
 int Steps(const ctrun::WorkerIdentity& id, int steps, int hang_rank) {
@@ -243,6 +281,10 @@ int main(int argc, char** argv) {
   }
 #if defined(CTRUN_WITH_NCCL)
   if (mode == "nccl") return Nccl(*id, **store);
+  if (mode == "resilient-nccl" && argc == 3) {
+    store->reset();  // ResilientNccl keeps its own
+    return ResilientNccl(std::atoi(argv[2]));
+  }
 #endif
   return Fail(
       "usage: worker_probe identity|store|nccl-id [BYTES]|gloo|"
