@@ -143,8 +143,8 @@ constexpr FlagSpec kFlags[] = {
      "once and each worker is forked from it (default: torch, when "
      "installed, with --recovery=inprocess; none otherwise)"},
     {"recovery_timeout", 0, Kind::kValue, "30", "SECONDS",
-     "with --recovery=inprocess: how long a kept worker may take to leave "
-     "the old round before it is restarted the old way"},
+     "with --recovery=inprocess: how long a kept worker may take to take "
+     "the new world before it is killed and started again"},
     {"hang_timeout", 0, Kind::kValue, "off", "SECONDS|auto|off",
      "a worker that sends no progress signal (ctrun.heartbeat(), a "
      "section) for this long is hung: every node collects its workers' "

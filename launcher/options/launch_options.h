@@ -135,8 +135,8 @@ struct LaunchOptions {
   // Python workers are forked from it warm (template_spawner.h). Unset:
   // torch, when installed, with --recovery=inprocess; none otherwise.
   std::optional<std::vector<std::string>> preload;
-  // With kInProcess: how long a kept worker may take to leave the old round
-  // before it is restarted the old way.
+  // With kInProcess: how long a kept worker may take to take the new world
+  // before it is killed and started again.
   absl::Duration recovery_timeout = absl::Seconds(30);
   // Hangs: the timeout, and how long every node then spends collecting its
   // workers' stacks before stopping them.
