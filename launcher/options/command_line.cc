@@ -174,6 +174,27 @@ constexpr FlagSpec kFlags[] = {
 
 absl::Span<const FlagSpec> Flags() { return kFlags; }
 
+// What --help says after the flags: Slurm and the exit status.
+constexpr char kHelpEpilogue[] =
+    "Inside Slurm (an srun step of an allocation), flags left unset come "
+    "from Slurm:\n"
+    "the node count and node rank, the run id (slurm-JOB.STEP), the "
+    "rendezvous on the\n"
+    "step's first node at a port derived from the job id, the GPUs that\n"
+    "--nproc_per_node=gpu counts (SLURM_GPUS_ON_NODE, "
+    "CUDA_VISIBLE_DEVICES), and\n"
+    "munge for authentication; --dry_run shows which. Run from the batch "
+    "step of a\n"
+    "multi-node allocation, ctrun stops with the srun line to use\n"
+    "(--allow_batch_step starts anyway).\n\n"
+    "Exit status: the first failed worker's own (128 + signal when "
+    "killed); 124 when\n"
+    "the job failed because a worker hung; 128 + signal when ctrun itself "
+    "was stopped\n"
+    "by one; 1 when the rendezvous failed or was lost; 2 for a bad command "
+    "line; 0\n"
+    "when every worker succeeded.\n";
+
 // Edits (insertions, deletions, substitutions) that turn `a` into `b`.
 size_t EditDistance(absl::string_view a, absl::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -1129,10 +1150,8 @@ std::string HelpText() {
   }
   absl::StrAppend(&out,
                   "  -h, --help\n      this text\n"
-                  "  --version\n      print the version\n\n"
-                  "Exit status: the first failed worker's own (128 + signal "
-                  "when killed), 2 for a\nbad command line, 0 when every "
-                  "worker succeeded.\n");
+                  "  --version\n      print the version\n\n",
+                  kHelpEpilogue);
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "launcher/options/host_facts.h"
 #include "launcher/options/rendezvous_plan.h"
 
@@ -422,6 +423,17 @@ TEST_CASE("Help and version are recognised anywhere before the entrypoint",
   CHECK(help.find("usage: ctrun") == 0);
   CHECK(help.find("--nproc_per_node N|gpu|xpu|cpu|auto") != std::string::npos);
   CHECK(help.find("-r, --redirects") != std::string::npos);
+  // What a torchrun user needs first: Slurm's part and the exit codes.
+  CHECK(help.find("Inside Slurm (an srun step of an allocation), flags left "
+                  "unset come from Slurm") != std::string::npos);
+  CHECK(help.find("Exit status: the first failed worker's own") !=
+        std::string::npos);
+  CHECK(help.find("124 when\nthe job failed because a worker hung") !=
+        std::string::npos);
+  for (absl::string_view line :
+       absl::StrSplit(help.substr(help.find("Inside Slurm")), '\n')) {
+    CHECK(line.size() <= 80);
+  }
 }
 
 TEST_CASE("The run id is generated when none is given", "[launcher][unit]") {
