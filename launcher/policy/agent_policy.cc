@@ -482,22 +482,17 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
     effects->push_back(StartWorkers{a, {}});
     return;
   }
-  auto ranks = [&](const std::vector<int>& local_ranks) {
-    std::vector<int> r;
-    for (int lr : local_ranks) r.push_back(workers_[lr].rank);
-    return absl::StrJoin(r, ",");
-  };
   std::string line = absl::StrCat(
-      "round ", a.round(), ": rank", kept.size() == 1 ? " " : "s ", ranks(kept),
+      "round ", a.round(), ": ", Ranks(kept),
       kept.size() == 1 ? " kept its process" : " kept their processes");
   if (!fresh.empty()) {
     absl::StrAppend(&line, "; new process", fresh.size() == 1 ? "" : "es",
-                    " for rank", fresh.size() == 1 ? " " : "s ", ranks(fresh));
+                    " for ", Ranks(fresh));
   }
   Tell(line, effects);
   Record("workers_kept", effects)
-      .set_detail(absl::StrCat("kept ranks [", ranks(kept), "]; new ranks [",
-                               ranks(fresh), "]"));
+      .set_detail(absl::StrCat("kept ", Ranks(kept, true), "; new ",
+                               Ranks(fresh, true)));
   kept_workers_ = static_cast<int32_t>(kept.size());
   effects->push_back(agent_effect::HandOver{a, kept});
   recovery_deadline_ = now + o.recovery_timeout;
@@ -699,11 +694,6 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
   auto since = [&](absl::Time t) {
     return absl::StrFormat("%.2fs", absl::ToDoubleSeconds(t - r.ended));
   };
-  auto ranks = [&](const std::vector<int>& local_ranks) {
-    std::vector<int> out;
-    for (int lr : local_ranks) out.push_back(workers_[lr].rank);
-    return absl::StrJoin(out, ",");
-  };
   absl::Time left = absl::InfinitePast(), up = absl::InfinitePast();
   for (int lr : r.kept) left = std::max(left, samples[lr].left_time);
   int warm = 0;
@@ -712,12 +702,10 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
     warm += workers_[lr].warm;
   }
   std::string parts =
-      absl::StrCat("rank", r.kept.size() == 1 ? " " : "s ", ranks(r.kept),
-                   " took the new world at ", since(left));
+      absl::StrCat(Ranks(r.kept), " took the new world at ", since(left));
   if (!r.fresh.empty()) {
     absl::StrAppend(&parts, ", new process", r.fresh.size() == 1 ? "" : "es",
-                    " for rank", r.fresh.size() == 1 ? " " : "s ",
-                    ranks(r.fresh), " up at ", since(up),
+                    " for ", Ranks(r.fresh), " up at ", since(up),
                     warm == static_cast<int>(r.fresh.size()) ? " (warm)"
                     : warm == 0                              ? " (cold)"
                                                              : " (some warm)");
@@ -915,6 +903,15 @@ void AgentPolicy::EndRoundOnce(absl::Time now, AgentEffects* effects) {
   ended_round_ = assignment_->round();
   ended_at_ = now;
   effects->push_back(agent_effect::EndRound{ended_round_});
+}
+
+std::string AgentPolicy::Ranks(const std::vector<int>& local_ranks,
+                               bool listed) const {
+  std::vector<int> ranks;
+  for (int lr : local_ranks) ranks.push_back(workers_[lr].rank);
+  const std::string joined = absl::StrJoin(ranks, ",");
+  if (listed) return absl::StrCat("ranks [", joined, "]");
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", joined);
 }
 
 bool AgentPolicy::KeepsWorkers(const v1::RestartRequired& r,

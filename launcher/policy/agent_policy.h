@@ -421,6 +421,10 @@ class AgentPolicy {
   // live workers (all of them recover in process); says why not when not.
   bool KeepsWorkers(const v1::RestartRequired& restart,
                     AgentEffects* effects) const;
+  // "rank 5" or "ranks 4,6" for these local ranks' global ranks; with
+  // `listed`, "ranks [4,6]" whatever their number (for records).
+  std::string Ranks(const std::vector<int>& local_ranks,
+                    bool listed = false) const;
   // Tells the live workers that this round ends, once per round.
   void EndRoundOnce(absl::Time now, AgentEffects* effects);
   // Follows an in-process round until every worker formed its
