@@ -172,8 +172,10 @@ class _Recovery:
         self._entries = 0  # times the main thread went inside
         self._latest = None  # the newest world file read, if newer
         self._signal = int(signal.SIGRTMIN) + 7
-        signal.signal(self._signal, self._on_signal)
-        threading.Thread(target=self._watch, name="ctrun-recovery", daemon=True).start()
+        self._previous = signal.signal(self._signal, self._on_signal)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ctrun-recovery", daemon=True)
+        self._thread.start()
         _mark_resilient()
         _mark_round(0, self._round)
 
@@ -181,8 +183,7 @@ class _Recovery:
 
     def _watch(self):
         stamp = None
-        while True:
-            time.sleep(_POLL)
+        while not self._done.wait(_POLL):
             try:
                 st = os.stat(self._path)
             except OSError:
@@ -233,6 +234,17 @@ class _Recovery:
         return self._latest is not None
 
     def run(self, fn, args, kwargs):
+        try:
+            return self._run(fn, args, kwargs)
+        finally:
+            # Nothing of this call outlives it: a later resilient call
+            # watches afresh.
+            self._done.set()
+            self._thread.join()
+            previous = self._previous
+            signal.signal(self._signal, signal.SIG_DFL if previous is None else previous)
+
+    def _run(self, fn, args, kwargs):
         reform = None  # the backend to form again, once in a new round
         while True:
             try:
