@@ -691,8 +691,11 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
       now < r.formed_seen + kFirstStepWithin) {
     return;
   }
+  // Worker clock readings: clamped to what the agent saw (a worker may
+  // write anything into its slot).
+  auto seen = [&](absl::Time t) { return std::clamp(t, r.ended, now); };
   auto since = [&](absl::Time t) {
-    return absl::StrFormat("%.2fs", absl::ToDoubleSeconds(t - r.ended));
+    return absl::StrFormat("%.2fs", absl::ToDoubleSeconds(seen(t) - r.ended));
   };
   absl::Time left = absl::InfinitePast(), up = absl::InfinitePast();
   for (int lr : r.kept) left = std::max(left, samples[lr].left_time);
@@ -714,7 +717,7 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
   const bool stepped_known = stepped != absl::InfiniteFuture();
   if (stepped_known)
     absl::StrAppend(&parts, ", first step at ", since(stepped));
-  const absl::Time done = stepped_known ? stepped : r.formed;
+  const absl::Time done = seen(stepped_known ? stepped : r.formed);
   Tell(absl::StrCat("round ", round, " recovered in ", since(done),
                     " from the failure: ", parts),
        effects);

@@ -256,13 +256,16 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
   switch (report.state()) {
     case v1::WorkerReport::RUNNING:
       node.workers_running = true;
-      node.kept_workers = report.kept_workers();
-      if (report.recovery_s() > 0 && node.recovery_s == 0) {
+      // An agent's figures, kept within what they can mean.
+      node.kept_workers =
+          std::clamp(report.kept_workers(), 0, node.join.local_world_size());
+      if (report.recovery_s() > 0 && report.recovery_s() < 1e6 &&
+          node.recovery_s == 0) {
         node.recovery_s = report.recovery_s();
         v1::Event& e =
             AddEvent(job.id, job.round, "workers_recovered", effects);
         e.set_node(node.Name());
-        e.set_kept(report.kept_workers());
+        e.set_kept(node.kept_workers);
         e.set_duration_s(report.recovery_s());
       }
       return;

@@ -1483,6 +1483,7 @@ TEST_CASE("An in-process round says how long each part took", "[agent][unit]") {
   samples[0].ready_time = failed + absl::Milliseconds(190);
   samples[1].ready_time = failed + absl::Milliseconds(200);
   samples[1].beats = 0;
+  h.Advance(absl::Milliseconds(400));  // the agent reads after the fact
   h.Progress(samples);
   CHECK(h.Records().empty());  // they heartbeat: waits for the first step
   samples[0].beats = 11;
@@ -1498,6 +1499,26 @@ TEST_CASE("An in-process round says how long each part took", "[agent][unit]") {
   CHECK(h.Recorded(0).duration_s() == Approx(0.3));
   h.Progress(samples);
   CHECK(h.Records().empty());  // said once
+}
+
+TEST_CASE("Times a worker stamps are taken within what the agent saw",
+          "[agent][unit]") {
+  Harness h(InProcess(1));
+  h.Assign(0);
+  h.Progress(Resilient({true}));
+  h.Message(Restart(1, "node b was lost"));
+  h.AssignOnly(1, /*first=*/4, /*world=*/8);
+  h.Advance(absl::Milliseconds(500));
+  std::vector<ProgressSample> samples = Resilient({true}, 1);
+  samples[0].round_ready = 1;
+  samples[0].left_time = absl::InfinitePast();  // before the round ended
+  samples[0].ready_time = h.now() + absl::Hours(1000);  // in the future
+  h.Progress(samples);
+  CHECK(
+      h.Said("round 1 recovered in 0.50s from the failure: rank 4 took "
+             "the new world at 0.00s, process group formed at 0.50s"));
+  REQUIRE(h.Records() == std::vector<std::string>{"round_recovered/1"});
+  CHECK(h.Recorded(0).duration_s() == Approx(0.5));
 }
 
 TEST_CASE("In-process recovery of a lost node starts no process",

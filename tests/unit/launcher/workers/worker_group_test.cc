@@ -2,10 +2,12 @@
 #include "launcher/workers/worker_group.h"
 
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/workers/console.h"
@@ -96,6 +98,46 @@ TEST_CASE(
     CHECK(spawner.ranks == std::vector<std::string>{"4"});
   }
   close(epoll_fd);
+}
+
+TEST_CASE(
+    "A world file is written whatever a worker left at its temporary name",
+    "[launcher][unit]") {
+  Scratch scratch;
+  Console out(STDOUT_FILENO), err(STDERR_FILENO);
+  WorkerGroupConfig config;
+  config.options.local_world_size = 2;
+  config.options.recovery = Recovery::kInProcess;
+  config.run_dir = scratch.dir;
+  config.out = &out;
+  config.err = &err;
+  const std::string agent = scratch.dir + "/.ctrun";
+  std::filesystem::create_directories(agent);
+  // A FIFO nobody reads (an open for writing would wait for ever), and a
+  // link to a file of the agent's.
+  REQUIRE(mkfifo((agent + "/world_0.new").c_str(), 0600) == 0);
+  const std::string victim = scratch.dir + "/victim";
+  std::ofstream(victim) << "untouched";
+  std::filesystem::create_symlink(victim, agent + "/world_1.new");
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(epoll_fd >= 0);
+  {
+    WorkerGroup group(config, epoll_fd);
+    group.HandOver(Round0(), {0, 1});
+  }
+  close(epoll_fd);
+  for (int lr : {0, 1}) {
+    std::ifstream in(agent + "/world_" + std::to_string(lr));
+    const std::string text((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    CHECK(text.find("CTRUN_ROUND_STATE=ready\n") != std::string::npos);
+    CHECK(text.find("RANK=" + std::to_string(4 + lr) + "\n") !=
+          std::string::npos);
+  }
+  std::ifstream in(victim);
+  std::string left;
+  std::getline(in, left);
+  CHECK(left == "untouched");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -798,7 +799,7 @@ TEST_CASE("A report of an ended round changes nothing", "[rendezvous][unit]") {
 TEST_CASE("A node's in-process recovery shows in its status and an event",
           "[rendezvous][unit]") {
   Harness h(1, 1);
-  h.Join(1, "a");
+  h.Join(1, "a", /*workers=*/4);
   auto report = [&](int kept, double recovery_s) {
     h.ReportKept(1, 0, kept, recovery_s);
   };
@@ -820,6 +821,24 @@ TEST_CASE("A node's in-process recovery shows in its status and an event",
   CHECK(e.node() == "a:1001");
   report(3, 0.25);  // said again (a resumed session): one event
   CHECK(recovered() == 1);
+  // What an agent says is kept within what it can mean.
+  report(99, 0.25);
+  CHECK(h.core().DescribeJob("job", h.now())->nodes(0).kept_workers() == 4);
+  report(-4, 0.25);
+  CHECK(h.core().DescribeJob("job", h.now())->nodes(0).kept_workers() == 0);
+}
+
+TEST_CASE("A node's absurd recovery time is not recorded",
+          "[rendezvous][unit]") {
+  Harness h(1, 1);
+  h.Join(1, "a");
+  for (double bad : {-1.0, std::nan(""), 1e300}) {
+    h.ReportKept(1, 0, 1, bad);
+  }
+  CHECK(h.core().DescribeJob("job", h.now())->nodes(0).recovery_s() == 0);
+  CHECK(std::none_of(h.events().begin(), h.events().end(), [](const auto& e) {
+    return e.event() == "workers_recovered";
+  }));
 }
 
 TEST_CASE("A report for a future round ends the session",
