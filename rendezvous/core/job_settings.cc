@@ -7,25 +7,39 @@
 
 namespace ctrun {
 
-absl::Status CheckJobId(absl::string_view id) {
-  constexpr size_t kMaxJobIdBytes = 128;
+namespace {
+
+// `what` (a name operators write) is 1..max_bytes of [A-Za-z0-9._:/-].
+absl::Status CheckLabel(absl::string_view what, absl::string_view text,
+                        size_t max_bytes) {
   auto valid = [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
            (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
            c == '/' || c == '-';
   };
-  if (id.empty() || id.size() > kMaxJobIdBytes) {
+  if (text.empty() || text.size() > max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job id must be 1..", kMaxJobIdBytes, " bytes, got ", id.size()));
+        what, " must be 1..", max_bytes, " bytes, got ", text.size()));
   }
-  if (auto bad = std::find_if_not(id.begin(), id.end(), valid);
-      bad != id.end()) {
+  if (auto bad = std::find_if_not(text.begin(), text.end(), valid);
+      bad != text.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job id may hold only [A-Za-z0-9._:/-], not byte 0x",
+        what, " may hold only [A-Za-z0-9._:/-], not byte 0x",
         absl::Hex(static_cast<unsigned char>(*bad), absl::kZeroPad2), " ('",
         absl::CHexEscape(absl::string_view(&*bad, 1)), "')"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckJobId(absl::string_view id) {
+  return CheckLabel("job id", id, 128);
+}
+
+absl::Status CheckSegment(absl::string_view segment) {
+  if (segment.empty()) return absl::OkStatus();
+  return CheckLabel("segment", segment, 63);
 }
 
 absl::StatusOr<v1::JobSettings> ResolveJobSettings(v1::JobSettings s) {
@@ -69,6 +83,10 @@ absl::StatusOr<v1::JobSettings> ResolveJobSettings(v1::JobSettings s) {
     }
     if (t.value == 0) (s.*t.set)(t.fallback);
   }
+  if (s.spares() < 0 || s.spares() > kMaxSpares) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spares ", s.spares(), " is out of range (0..", kMaxSpares, ")"));
+  }
   if (s.master_port() < 0 || s.master_port() > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "master_port ", s.master_port(), " is not a port (1..65535)"));
@@ -92,7 +110,8 @@ std::string DescribeSettingsDifference(const v1::JobSettings& job,
               join.last_call_timeout_ms()},
         Field{"heartbeat_timeout_ms", job.heartbeat_timeout_ms(),
               join.heartbeat_timeout_ms()},
-        Field{"master_port", job.master_port(), join.master_port()}}) {
+        Field{"master_port", job.master_port(), join.master_port()},
+        Field{"spares", job.spares(), join.spares()}}) {
     if (f.job != f.join) {
       return absl::StrCat(f.name, " is ", f.job, " for the job, ", f.join,
                           " in this join");

@@ -19,9 +19,14 @@ inline constexpr int64_t kDefaultHeartbeatTimeoutMs = 5'000;
 
 // The largest job the service accepts; rounds are O(nodes) to close.
 inline constexpr int32_t kMaxNodesPerJob = 65536;
+// JobSettings.spares at most.
+inline constexpr int32_t kMaxSpares = 1024;
 
 // INVALID_ARGUMENT unless `id` is 1..128 bytes of [A-Za-z0-9._:/-].
 absl::Status CheckJobId(absl::string_view id);
+// INVALID_ARGUMENT unless `segment` (Join.segment, --segment) is empty or
+// 1..63 bytes of [A-Za-z0-9._:/-].
+absl::Status CheckSegment(absl::string_view segment);
 
 // `settings` with zero fields replaced by defaults, validated.
 // INVALID_ARGUMENT names the field and the accepted range.

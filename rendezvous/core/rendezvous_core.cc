@@ -217,6 +217,7 @@ absl::Status ValidateJoin(const v1::Join& join, bool port_fixed) {
         absl::StrCat("node_rank_hint ", join.node_rank_hint(),
                      " must be -1 (none) or 0..", kMaxNodesPerJob - 1));
   }
+  if (auto s = CheckSegment(join.segment()); !s.ok()) return s;
   const int32_t port = join.master_port_candidate();
   if ((port != 0 || !port_fixed) && (port < 1 || port > 65535)) {
     return absl::InvalidArgumentError(absl::StrCat(

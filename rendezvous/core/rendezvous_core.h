@@ -26,6 +26,11 @@
 // - Group ranks: nodes with a rank hint first (by hint), then nodes of the
 //   previous round in their previous order, then new nodes by hostname, pid
 //   and incarnation. Global ranks are prefix sums of local world sizes.
+// - Spares (JobSettings.spares): up to that many nodes beyond max_nodes
+//   wait without a rank. A member lost while the job runs or collects
+//   gives its group rank and rank hint to one of them (of its segment when
+//   one is), which ranks in its place: every other node keeps its ranks
+//   and the world its size.
 // - A closed session loses its node at once; a node silent for
 //   heartbeat_timeout is lost and its session ended with ABORTED.
 // - A worker failure opens the next round and spends one restart; a lost node
@@ -200,6 +205,11 @@ class RendezvousCore {
   // Forgets the job when it was the last node.
   void RemoveNode(Job& job, SessionId session, const std::string& why,
                   absl::Time now, Effects* effects);
+  // A spare takes `lost`'s group rank `slot` (and rank hint) in the round
+  // being collected, preferring one of its segment; nothing when the job
+  // keeps no spares or none waits.
+  void GiveSlotToSpare(Job& job, const Node& lost, int32_t slot,
+                       absl::Time now, Effects* effects);
   // Ends `session` with `status` and removes its node.
   void Evict(Job& job, SessionId session, const absl::Status& status,
              absl::Time now, Effects* effects);

@@ -1,5 +1,6 @@
 // Joins, resumes, rejoins, reports, and nodes leaving.
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/core/job_settings.h"
@@ -82,14 +83,25 @@ absl::Status RendezvousCore::CheckRoomFor(const Job& job,
         job.id, "' as ", job.nodes.at(it->second).Name()));
   }
   if (auto it = job.by_hint.find(join.node_rank_hint());
-      join.node_rank_hint() >= 0 && it != job.by_hint.end()) {
+      join.node_rank_hint() >= 0 && it != job.by_hint.end() &&
+      !job.nodes.at(it->second).inherited_hint) {
     return absl::FailedPreconditionError(
         absl::StrCat("node rank ", join.node_rank_hint(), " of job '", job.id,
                      "' is held by ", job.nodes.at(it->second).Name(),
                      "; each node needs its own"));
   }
   const int32_t max_nodes = job.settings.max_nodes();
-  if (job.phase == v1::JobStatus::RUNNING &&
+  if (const int32_t spares = job.settings.spares();
+      spares > 0 &&
+      job.nodes.size() >= static_cast<size_t>(max_nodes) + spares) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job.id, "' is full: it has its ", max_nodes,
+        max_nodes == 1 ? " node" : " nodes", " (--nnodes) and ", spares,
+        spares == 1 ? " spare" : " spares",
+        " (--spares); give this run its own --rdzv_id, or the job more "
+        "--spares"));
+  }
+  if (job.settings.spares() == 0 && job.phase == v1::JobStatus::RUNNING &&
       static_cast<int32_t>(job.ranked.size()) >= max_nodes &&
       job.settings.min_nodes() == max_nodes) {
     // Nothing can admit it but the loss of a member, and a fixed-size job
@@ -97,8 +109,8 @@ absl::Status RendezvousCore::CheckRoomFor(const Job& job,
     return absl::ResourceExhaustedError(absl::StrCat(
         "job '", job.id, "' is full: its ", max_nodes,
         max_nodes == 1 ? " node runs" : " nodes run", " (--nnodes=", max_nodes,
-        ") and a job of fixed size keeps no spare nodes; give this run its "
-        "own --rdzv_id, or the job --nnodes=MIN:MAX"));
+        ") and keeps no spare nodes; give this run its own --rdzv_id, or "
+        "the job --spares=K or --nnodes=MIN:MAX"));
   }
   return absl::OkStatus();
 }
@@ -106,7 +118,13 @@ absl::Status RendezvousCore::CheckRoomFor(const Job& job,
 void RendezvousCore::AdmitNode(Job& job, SessionId session,
                                const v1::Join& join, absl::Time now,
                                Effects* effects) {
-  Node& node = job.AddNode(session, join);
+  v1::Join admitted = join;
+  if (join.node_rank_hint() >= 0 && job.by_hint.contains(join.node_rank_hint())) {
+    // A member lost and back (CheckRoomFor allowed it): the spare that took
+    // its slot holds its rank hint now, so it comes in without one.
+    admitted.set_node_rank_hint(-1);
+  }
+  Node& node = job.AddNode(session, admitted);
   node.last_seen = now;
   AddEvent(job.id, job.round, "node_joined", effects).set_node(node.Name());
   session_jobs_[session] = job.id;
@@ -393,7 +411,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
   const bool member = node.state == v1::NodeStatus::ACTIVE ||
                       node.state == v1::NodeStatus::PENDING_REJOIN ||
                       (node.state == v1::NodeStatus::JOINED && job.round > 0 &&
-                       node.previous_group_rank >= 0);
+                       node.SlotToKeep() >= 0);
   const bool succeeded = running && node.state == v1::NodeStatus::SUCCEEDED;
   if ((running || collecting) && (member || succeeded)) {
     job.lost.push_back(
@@ -415,6 +433,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     return;
   }
   if (running && node.state == v1::NodeStatus::ACTIVE) {
+    GiveSlotToSpare(job, node, node.group_rank, now, effects);
     // A worker failure just before was this loss's consequence.
     job.pending_failure.reset();
     OpenNextRound(job, v1::RestartRequired::NODE_LOST,
@@ -439,6 +458,9 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     e.set_detail(job.refund_reason);
     e.set_restart_count(job.restart_count);
   }
+  if (collecting && member) {
+    GiveSlotToSpare(job, node, node.SlotToKeep(), now, effects);
+  }
   if (collecting) {
     if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
       job.last_call_deadline = absl::InfiniteFuture();
@@ -447,6 +469,48 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     if (job.round == 0) RefreshOthersWaiting(job);
     MaybeCloseRound(job, now, effects);
   }
+}
+
+void RendezvousCore::GiveSlotToSpare(Job& job, const Node& lost, int32_t slot,
+                                     absl::Time now, Effects* effects) {
+  if (job.settings.spares() == 0 || slot < 0) return;
+  // Waiting beside a running round, or admitted to the collecting one
+  // without a slot of its own. Same segment first; then the order in
+  // which CloseRound ranks newcomers, so that the choice is stable.
+  const std::string& segment = lost.join.segment();
+  auto key = [&segment](const Node* n) {
+    return std::make_tuple(segment.empty() || n->join.segment() != segment,
+                           std::cref(n->join.node().hostname()),
+                           n->join.node().pid(), n->join.node().incarnation());
+  };
+  Node* spare = nullptr;
+  for (auto& [session, node] : job.nodes) {
+    const bool free =
+        node.state == v1::NodeStatus::WAITING ||
+        (node.state == v1::NodeStatus::JOINED && node.SlotToKeep() < 0);
+    if (free && (spare == nullptr || key(&node) < key(spare))) spare = &node;
+  }
+  if (spare == nullptr) return;
+  spare->spare_slot = slot;
+  spare->took_slot_of = lost.Name();
+  spare->inherited_hint = lost.join.node_rank_hint() >= 0;
+  job.SetHint(*spare, lost.join.node_rank_hint());
+  ++job.spares_promoted;
+  job.promotions.push_back(absl::StrCat(spare->Name(), " took group rank ",
+                                        slot, " of ", lost.Name()));
+  if (job.promotions.size() > kMaxLostShown) job.promotions.pop_front();
+  effects->changed_jobs.push_back(job.id);
+  v1::Event& e = AddEvent(job.id, job.round, "spare_promoted", effects);
+  e.set_node(spare->Name());
+  e.set_group_rank(slot);
+  std::string detail = absl::StrCat("takes the slot of ", lost.Name());
+  if (!segment.empty()) {
+    absl::StrAppend(&detail, spare->join.segment() == segment
+                                 ? " in its segment "
+                                 : ", no spare waits in its segment ",
+                    segment);
+  }
+  e.set_detail(detail);
 }
 
 }  // namespace ctrun

@@ -103,10 +103,11 @@ void RendezvousCore::CloseRound(Job& job, absl::Time now, Effects* effects) {
   for (auto& [session, node] : job.nodes) {
     if (node.state == v1::NodeStatus::JOINED) members.push_back(&node);
   }
-  // Hints first; then survivors in their old order; then newcomers by name.
+  // Hints first; then survivors in their old order, spares in the slots
+  // they were given; then newcomers by name.
   auto key = [](const Node* n) {
     const int32_t hint = n->join.node_rank_hint();
-    const int32_t prev = n->previous_group_rank;
+    const int32_t prev = n->SlotToKeep();
     return std::make_tuple(hint < 0, hint, prev < 0, prev,
                            std::cref(n->join.node().hostname()),
                            n->join.node().pid(), n->join.node().incarnation());
@@ -117,6 +118,9 @@ void RendezvousCore::CloseRound(Job& job, absl::Time now, Effects* effects) {
   if (members.size() > static_cast<size_t>(job.settings.max_nodes())) {
     for (size_t i = job.settings.max_nodes(); i < members.size(); ++i) {
       job.SetState(*members[i], v1::NodeStatus::WAITING);
+      v1::ServerMessage m;
+      *m.mutable_progress() = MakeProgress(job, members[i], now);
+      effects->messages.emplace_back(members[i]->session, std::move(m));
     }
     members.resize(job.settings.max_nodes());
   }
@@ -159,8 +163,13 @@ void RendezvousCore::CloseRound(Job& job, absl::Time now, Effects* effects) {
     a->set_max_restarts(job.settings.max_restarts());
     a->set_job_id(job.id);
     a->set_restart_refunded(job.refund_reason);
+    a->set_took_slot_of(node.took_slot_of);
     job.FillLongest(a->mutable_longest());
     effects->messages.emplace_back(node.session, std::move(m));
+  }
+  for (auto& [session, node] : job.nodes) {
+    node.spare_slot = -1;
+    node.took_slot_of.clear();
   }
   job.refund_reason.clear();
   v1::Event& e = AddEvent(job.id, job.round, "round_closed", effects);
@@ -316,6 +325,7 @@ v1::Progress RendezvousCore::MakeProgress(const Job& job, const Node* node,
   if (node != nullptr) {
     // A node's own acknowledgement stays O(1): names come with broadcasts.
     p.set_waiting_for_slot(node->state == v1::NodeStatus::WAITING);
+    p.set_spare(p.waiting_for_slot() && job.settings.spares() > 0);
     return p;
   }
   for (const auto& [session, n] : job.nodes) {

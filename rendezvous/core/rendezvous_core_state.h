@@ -35,6 +35,14 @@ struct RendezvousCore::Node {
   int32_t first_global_rank = -1;
   // The node's group rank in the round before, to keep survivors in order.
   int32_t previous_group_rank = -1;
+  // A spare given a lost member's slot for the collecting round: that
+  // member's group rank, which the node ranks by, and its name
+  // (Assignment.took_slot_of). -1 and empty otherwise. A spare takes the
+  // member's rank hint for good (join.node_rank_hint), with
+  // `inherited_hint` set.
+  int32_t spare_slot = -1;
+  std::string took_slot_of;
+  bool inherited_hint = false;
   // The round a PENDING_REJOIN node was told to rejoin.
   int64_t rejoin_round = -1;
   bool workers_running = false;
@@ -42,6 +50,11 @@ struct RendezvousCore::Node {
   int32_t kept_workers = 0;
   double recovery_s = 0;
 
+  // The group rank this node ranks by in a collecting round: its own of
+  // the round before, or the slot it was given as a spare.
+  int32_t SlotToKeep() const {
+    return previous_group_rank >= 0 ? previous_group_rank : spare_slot;
+  }
   std::string Name() const {
     return absl::StrCat(join.node().hostname(), ":", join.node().pid());
   }
@@ -78,6 +91,9 @@ struct RendezvousCore::Job {
   KvStore store;
   std::string failure;
   std::deque<std::string> lost;
+  // Spares given a lost member's slot, newest last (JobStatus.promotions).
+  std::deque<std::string> promotions;
+  int32_t spares_promoted = 0;
 
   // A worker failure with no restart left waits this long for a node loss
   // that would explain it (its peers die when a node does, often before the
@@ -159,6 +175,15 @@ struct RendezvousCore::Job {
     moved = std::move(node);
     SetState(moved, state);
     std::replace(ranked.begin(), ranked.end(), from, to);
+  }
+  // `node` ranks by `hint` from now on (a spare taking a lost member's).
+  void SetHint(Node& node, int32_t hint) {
+    if (auto it = by_hint.find(node.join.node_rank_hint());
+        it != by_hint.end() && it->second == node.session) {
+      by_hint.erase(it);
+    }
+    node.join.set_node_rank_hint(hint);
+    if (hint >= 0) by_hint[hint] = node.session;
   }
   void SetState(Node& node, NodeState state) {
     --count[node.state];

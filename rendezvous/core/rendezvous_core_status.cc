@@ -20,6 +20,8 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
   s.set_num_keys(job.store.NumKeys());
   if (job.last_restart) *s.mutable_last_restart() = *job.last_restart;
   for (const auto& lost : job.lost) s.add_lost_nodes(lost);
+  for (const auto& p : job.promotions) s.add_promotions(p);
+  s.set_spares_promoted(job.spares_promoted);
   job.FillLongest(s.mutable_longest());
   for (const auto& straggler : job.stragglers.named()) {
     *s.add_stragglers() = straggler;
@@ -51,6 +53,9 @@ v1::JobStatus RendezvousCore::MakeStatus(const Job& job, absl::Time now) const {
     n->set_workers_running(node->workers_running);
     n->set_kept_workers(node->kept_workers);
     n->set_recovery_s(node->recovery_s);
+    n->set_spare(node->state == v1::NodeStatus::WAITING &&
+                 job.settings.spares() > 0);
+    n->set_segment(node->join.segment());
   }
   return s;
 }

@@ -725,9 +725,9 @@ TEST_CASE("A join to a full job of fixed size is refused at once",
   REQUIRE(h.Ended(2));
   CHECK(absl::IsResourceExhausted(*h.Ended(2)));
   CHECK(h.Ended(2)->message() ==
-        "job 'job' is full: its 1 node runs (--nnodes=1) and a job of fixed "
-        "size keeps no spare nodes; give this run its own --rdzv_id, or the "
-        "job --nnodes=MIN:MAX");
+        "job 'job' is full: its 1 node runs (--nnodes=1) and keeps no spare "
+        "nodes; give this run its own --rdzv_id, or the job --spares=K or "
+        "--nnodes=MIN:MAX");
   CHECK_FALSE(h.LastRestart(1));
   CHECK_FALSE(h.Ended(1));
   // While the job collects, a node of a fixed-size job is still welcome.
@@ -737,6 +737,248 @@ TEST_CASE("A join to a full job of fixed size is refused at once",
   collecting.Close(2);
   collecting.Join(3, "replacement");
   CHECK_FALSE(collecting.Ended(3));
+}
+
+// A job of `active` nodes "a0".."a{n-1}" (sessions 1..n) at round 0,
+// with `spares` spares allowed.
+static void StartFixedJob(Harness& h, int active) {
+  for (int i = 0; i < active; ++i) {
+    h.Join(static_cast<SessionId>(i + 1), absl::StrCat("a", i));
+  }
+  REQUIRE(h.LastAssignment(1));
+}
+
+static const v1::NodeStatus* FindNode(const v1::JobStatus& s,
+                                      const std::string& host) {
+  for (const auto& n : s.nodes()) {
+    if (n.node().hostname() == host) return &n;
+  }
+  return nullptr;
+}
+
+TEST_CASE("A spare waits without a rank and takes a lost node's slot",
+          "[rendezvous][unit][spares]") {
+  Harness h(3, 3);
+  h.settings().set_spares(1);
+  StartFixedJob(h, 3);
+  for (SessionId s : {1, 2, 3}) CHECK(h.LastAssignment(s)->world_size() == 3);
+  h.Join(9, "spare");
+  REQUIRE_FALSE(h.Ended(9));
+  CHECK_FALSE(h.LastRestart(1));  // a spare changes nothing for the job
+  REQUIRE(h.LastProgress(9));
+  CHECK(h.LastProgress(9)->waiting_for_slot());
+  CHECK(h.LastProgress(9)->spare());
+  {
+    auto status = h.core().DescribeJob("job", h.now());
+    REQUIRE(status.ok());
+    const v1::NodeStatus* spare = FindNode(*status, "spare");
+    REQUIRE(spare);
+    CHECK(spare->spare());
+    CHECK(spare->group_rank() == -1);
+    CHECK(status->world_size() == 3);
+  }
+  // A second spare is one too many.
+  h.Join(10, "extra");
+  REQUIRE(h.Ended(10));
+  CHECK(absl::IsResourceExhausted(*h.Ended(10)));
+  CHECK(h.Ended(10)->message() ==
+        "job 'job' is full: it has its 3 nodes (--nnodes) and 1 spare "
+        "(--spares); give this run its own --rdzv_id, or the job more "
+        "--spares");
+
+  const int32_t lost_rank = h.LastAssignment(2)->group_rank();
+  std::map<SessionId, v1::Assignment> before;
+  for (SessionId s : {1, 3}) before[s] = *h.LastAssignment(s);
+  h.Close(2);
+  REQUIRE(h.LastRestart(1));
+  CHECK(h.LastRestart(1)->reason() == RestartRequired::NODE_LOST);
+  h.Rejoin(1, 1);
+  h.Rejoin(3, 1);
+  auto a = h.LastAssignment(9);
+  REQUIRE(a);
+  CHECK(a->round() == 1);
+  CHECK(a->group_rank() == lost_rank);
+  CHECK(a->world_size() == 3);
+  CHECK(a->took_slot_of() == "a1:1002");
+  for (SessionId s : {1, 3}) {
+    auto now = h.LastAssignment(s);
+    CHECK(now->round() == 1);
+    CHECK(now->group_rank() == before[s].group_rank());
+    CHECK(now->first_global_rank() == before[s].first_global_rank());
+    CHECK(now->took_slot_of().empty());
+  }
+  const auto promoted =
+      std::find_if(h.events().begin(), h.events().end(),
+                   [](const v1::Event& e) { return e.event() == "spare_promoted"; });
+  REQUIRE(promoted != h.events().end());
+  CHECK(promoted->node() == "spare:1009");
+  CHECK(promoted->group_rank() == lost_rank);
+  CHECK(promoted->detail() == "takes the slot of a1:1002");
+  auto status = h.core().DescribeJob("job", h.now());
+  REQUIRE(status.ok());
+  CHECK(status->spares_promoted() == 1);
+  REQUIRE(status->promotions_size() == 1);
+  CHECK(status->promotions(0) == "spare:1009 took group rank 1 of a1:1002");
+  CHECK_FALSE(FindNode(*status, "spare")->spare());
+  // The lost node comes back: it is the spare now.
+  h.Join(2, "a1");
+  REQUIRE_FALSE(h.Ended(2));
+  CHECK(h.LastProgress(2)->spare());
+  CHECK_FALSE(h.LastRestart(1)->round() == 2);
+}
+
+TEST_CASE("The spare of the lost node's segment is chosen, 20 of 20 times",
+          "[rendezvous][unit][spares]") {
+  for (int trial = 0; trial < 20; ++trial) {
+    Harness h(2, 2);
+    h.settings().set_spares(2);
+    v1::Join a = h.MakeJoin(1, "a");
+    a.set_segment("rack-1");
+    v1::Join b = h.MakeJoin(2, "b");
+    b.set_segment("rack-2");
+    h.SendJoin(1, a);
+    h.SendJoin(2, b);
+    REQUIRE(h.LastAssignment(1));
+    // Names that sort either way, so that only the segment decides.
+    const bool same_first = trial % 2 == 0;
+    v1::Join same = h.MakeJoin(7, same_first ? "s1" : "s9");
+    same.set_segment("rack-2");
+    v1::Join other = h.MakeJoin(8, absl::StrCat("s", 2 + trial % 7));
+    other.set_segment("rack-1");
+    if (trial % 3 == 0) {
+      h.SendJoin(8, other);
+      h.SendJoin(7, same);
+    } else {
+      h.SendJoin(7, same);
+      h.SendJoin(8, other);
+    }
+    h.Close(2);
+    h.Rejoin(1, 1);
+    auto chosen = h.LastAssignment(7);
+    REQUIRE(chosen);
+    CHECK(chosen->group_rank() == 1);
+    CHECK(chosen->took_slot_of() == "b:1002");
+    CHECK_FALSE(h.LastAssignment(8));
+    CHECK(h.LastProgress(8)->spare());
+  }
+}
+
+TEST_CASE("Without a spare of its segment any spare takes the slot",
+          "[rendezvous][unit][spares]") {
+  Harness h(2, 2);
+  h.settings().set_spares(1);
+  v1::Join a = h.MakeJoin(1, "a");
+  a.set_segment("rack-1");
+  h.SendJoin(1, a);
+  h.Join(2, "b");
+  v1::Join spare = h.MakeJoin(7, "s");
+  spare.set_segment("rack-9");
+  h.SendJoin(7, spare);
+  h.Close(1);
+  h.Rejoin(2, 1);
+  auto chosen = h.LastAssignment(7);
+  REQUIRE(chosen);
+  CHECK(chosen->group_rank() == 0);
+  CHECK(chosen->master_addr() == "10.0.0.7");
+  CHECK(h.LastAssignment(2)->group_rank() == 1);
+  const auto promoted =
+      std::find_if(h.events().begin(), h.events().end(),
+                   [](const v1::Event& e) { return e.event() == "spare_promoted"; });
+  REQUIRE(promoted != h.events().end());
+  CHECK(promoted->detail() ==
+        "takes the slot of a:1001, no spare waits in its segment rack-1");
+}
+
+TEST_CASE("A spare that dies changes nothing; without spares the job waits",
+          "[rendezvous][unit][spares]") {
+  Harness h(2, 2);
+  h.settings().set_spares(1);
+  StartFixedJob(h, 2);
+  h.Join(9, "spare");
+  h.Clear();
+  h.Close(9);
+  CHECK_FALSE(h.LastRestart(1));
+  CHECK_FALSE(h.LastRestart(2));
+  CHECK(h.events().back().event() == "node_left");
+  // No spare left: a loss waits below min exactly as without --spares.
+  h.Close(2);
+  h.Rejoin(1, 1);
+  h.Advance(absl::Seconds(30));
+  CHECK_FALSE(h.LastAssignment(1));
+  CHECK_FALSE(h.LastFailed(1));
+  h.Advance(absl::Seconds(31));
+  REQUIRE(h.LastFailed(1));
+}
+
+TEST_CASE("A spare lost before its round closes passes the slot on",
+          "[rendezvous][unit][spares]") {
+  Harness h(3, 3);
+  h.settings().set_spares(2);
+  StartFixedJob(h, 3);
+  h.Join(8, "s8");
+  h.Join(9, "s9");
+  h.Close(1);  // group rank 0: s8 takes it (by name)
+  h.Close(8);  // and dies before the round closes: s9 takes it
+  h.Rejoin(2, 1);
+  h.Rejoin(3, 1);
+  auto a = h.LastAssignment(9);
+  REQUIRE(a);
+  CHECK(a->group_rank() == 0);
+  CHECK(a->took_slot_of() == "s8:1008");
+  CHECK(h.LastAssignment(2)->group_rank() == 1);
+  CHECK(h.LastAssignment(3)->group_rank() == 2);
+}
+
+TEST_CASE("A spare takes a lost node's rank hint and keeps its place",
+          "[rendezvous][unit][spares]") {
+  // Slurm: every node has a hint (SLURM_NODEID); the spare's sorts last.
+  Harness h(3, 3, 2);
+  h.settings().set_spares(1);
+  h.Join(1, "n0", 1, 0);
+  h.Join(2, "n1", 1, 1);
+  h.Join(3, "n2", 1, 2);
+  h.Join(4, "n3", 1, 3);
+  REQUIRE(h.LastProgress(4)->spare());
+  h.Close(2);
+  h.Rejoin(1, 1);
+  h.Rejoin(3, 1);
+  REQUIRE(h.LastAssignment(4));
+  CHECK(h.LastAssignment(4)->group_rank() == 1);
+  // A later restart keeps the order: the spare holds hint 1 now.
+  h.Report(3, 1, v1::WorkerReport::FAILED);
+  for (SessionId s : {1, 3, 4}) h.Rejoin(s, 2);
+  CHECK(h.LastAssignment(1)->group_rank() == 0);
+  CHECK(h.LastAssignment(4)->group_rank() == 1);
+  CHECK(h.LastAssignment(3)->group_rank() == 2);
+  // The lost node's agent comes back with its hint: it waits as a spare.
+  h.Join(2, "n1", 1, 1);
+  REQUIRE_FALSE(h.Ended(2));
+  CHECK(h.LastProgress(2)->spare());
+}
+
+TEST_CASE("Spares must be in range and the same for every node",
+          "[rendezvous][unit][spares]") {
+  Harness h(1, 1);
+  h.settings().set_spares(-1);
+  h.Join(1, "a");
+  REQUIRE(h.Ended(1));
+  CHECK(h.Ended(1)->message() ==
+        "job settings refused: spares -1 is out of range (0..1024)");
+  h.settings().set_spares(1);
+  h.Join(2, "a");
+  h.settings().set_spares(2);
+  h.Join(3, "b");
+  REQUIRE(h.Ended(3));
+  CHECK(h.Ended(3)->message() ==
+        "join refused: job 'job' exists with other settings: spares is 1 for "
+        "the job, 2 in this join");
+  v1::Join bad = h.MakeJoin(4, "c");
+  bad.mutable_settings()->set_spares(1);
+  bad.set_segment("rack 1");
+  h.SendJoin(4, bad);
+  REQUIRE(h.Ended(4));
+  CHECK(h.Ended(4)->message() ==
+        "segment may hold only [A-Za-z0-9._:/-], not byte 0x20 (' ')");
 }
 
 TEST_CASE("Below min after a loss the survivors wait then fail naming the lost",
