@@ -219,8 +219,9 @@ void Agent::SetupTemplate(WorkerGroupConfig& group) {
   const LaunchOptions& o = group.options;
   const std::vector<std::string>& argv = group.worker_argv;
   const bool python = argv.size() > 2 && argv[1] == "-u";
-  const bool asked =
-      o.preload ? !o.preload->empty() : o.recovery == Recovery::kInProcess;
+  const bool asked = o.preload ? !o.preload->empty()
+                               : o.recovery == Recovery::kInProcess ||
+                                     o.spares > 0;
   if (!python || !asked || agent_dir_.empty()) return;
   TemplateConfig t;
   t.python = {argv[0], argv[1]};
@@ -639,6 +640,8 @@ void Agent::OpenSession(std::optional<int64_t> resume_round) {
   s->set_last_call_timeout_ms(absl::ToInt64Milliseconds(o.last_call_timeout));
   s->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
   s->set_master_port(o.master_port);
+  s->set_spares(o.spares);
+  join.set_segment(o.segment);
   join.mutable_node()->set_hostname(config_.workers.hostname);
   join.mutable_node()->set_pid(getpid());
   // A fresh incarnation for each join; a resume keeps the node's.

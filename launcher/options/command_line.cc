@@ -69,6 +69,14 @@ constexpr FlagSpec kFlags[] = {
      "port with a fresh token"},
     {"max_restarts", 0, Kind::kValue, "0", "N",
      "restarts of all workers allowed after worker failures"},
+    {"spares", 0, Kind::kValue, "0", "K",
+     "up to K nodes beyond --nnodes's maximum wait as hot spares, workers "
+     "ready (warm Python, or parked in ctrun.wait_for_slot()); a lost "
+     "node's rank goes to one of them, so the world and every other rank "
+     "stay as they were (in Slurm: srun on N+K nodes)"},
+    {"segment", 0, Kind::kValue, "", "LABEL",
+     "this node's rack or NVLink domain: a lost node's slot goes to a "
+     "spare of its segment when one waits"},
     {"monitor_interval", 0, Kind::kValue, "0.1", "SECONDS",
      "accepted for torchrun compatibility",
      "ctrun reacts to worker exits at once, without polling"},
@@ -141,7 +149,7 @@ constexpr FlagSpec kFlags[] = {
     {"preload", 0, Kind::kValue, "", "MODULE,...|none",
      "start Python workers warm: one interpreter per node imports these "
      "once and each worker is forked from it (default: torch, when "
-     "installed, with --recovery=inprocess; none otherwise)"},
+     "installed, with --recovery=inprocess or --spares; none otherwise)"},
     {"recovery_timeout", 0, Kind::kValue, "30", "SECONDS",
      "with --recovery=inprocess: how long a kept worker may take to take "
      "the new world before it is killed and started again"},
@@ -577,7 +585,15 @@ absl::StatusOr<SlurmContext> ApplySlurmDefaults(
   }
   if (f.num_nodes > 1 && !explicit_rendezvous) {
     slurm.rendezvous = true;
-    fill("nnodes", absl::StrCat(f.num_nodes));
+    // --spares=K: the allocation's last K nodes (by node id) are spares.
+    const int spares = ToInt(raw["spares"].text).value_or(0);
+    if (spares >= f.num_nodes && raw["nnodes"].source == Source::kDefault) {
+      return BadValue(raw, "spares",
+                      absl::StrCat("leaves none of the ", f.num_nodes,
+                                   " nodes of Slurm job ", f.job_id,
+                                   " to run; expected 0..", f.num_nodes - 1));
+    }
+    fill("nnodes", absl::StrCat(f.num_nodes - std::max(spares, 0)));
     // Group ranks follow Slurm's node order, not the order of arrival.
     fill("node_rank", absl::StrCat(f.node_id));
     fill("rdzv_backend", "c10d");
@@ -742,6 +758,11 @@ absl::Status ConvertRendezvous(Raw& raw, LaunchOptions& o) {
     }
   }
   CTRUN_RETURN_IF_ERROR(ConvertRdzvConf(raw, o));
+  CTRUN_RETURN_IF_ERROR(ConvertInt(raw, "spares", 0, kMaxSpares, &o.spares));
+  o.segment = raw["segment"].text;
+  if (auto s = CheckSegment(o.segment); !s.ok()) {
+    return BadValue(raw, "segment", s.message());
+  }
   CTRUN_RETURN_IF_ERROR(ConvertInt(raw, "node_rank", 0, 65535, &o.node_rank));
   o.master_addr = raw["master_addr"].text;
   if (o.master_addr.empty()) {
@@ -926,6 +947,11 @@ absl::Status ResolveRendezvous(const SlurmContext& slurm, const EnvMap& env,
   if (slurm.rendezvous) {
     o.slurm_node_id = slurm.facts->node_id;
     o.munge_socket = MungeSocketFor(env);
+  }
+  if (o.rdzv_backend == "static" && o.spares > 0) {
+    return BadValue(raw, "spares",
+                    "a static rendezvous fixes every node's rank and keeps "
+                    "no spares; use --rdzv_backend=c10d");
   }
   if (o.rdzv_backend == "static" && o.node_rank >= o.max_nodes) {
     return BadValue(raw, "node_rank",

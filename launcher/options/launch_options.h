@@ -109,6 +109,10 @@ struct LaunchOptions {
 
   // Job.
   int max_restarts = 0;
+  // --spares: nodes beyond max_nodes the job keeps ready to take a lost
+  // node's slot; --segment: this node's label for choosing among them.
+  int spares = 0;
+  std::string segment;
   std::string role = "default";
   absl::Duration join_timeout = absl::Seconds(600);
   absl::Duration last_call_timeout = absl::Seconds(30);
@@ -133,7 +137,8 @@ struct LaunchOptions {
   Recovery recovery = Recovery::kRestart;
   // --preload: the modules a template interpreter imports once, so that
   // Python workers are forked from it warm (template_spawner.h). Unset:
-  // torch, when installed, with --recovery=inprocess; none otherwise.
+  // torch, when installed, with --recovery=inprocess or --spares; none
+  // otherwise.
   std::optional<std::vector<std::string>> preload;
   // With kInProcess: how long a kept worker may take to take the new world
   // before it is killed and started again.

@@ -309,6 +309,18 @@ void AgentPolicy::OnProgress(const v1::Progress& p, absl::Time now,
                        progress_->round() != p.round();
   progress_ = p;
   progress_at_ = now;
+  if (p.spare() && !told_spare_) {
+    // Said at once: a spare may wait for days, and its operator should
+    // know why it runs nothing.
+    told_spare_ = true;
+    Tell(absl::StrCat("this node is a spare of job '", config_.options.run_id,
+                      "' (its ", p.max_nodes(),
+                      p.max_nodes() == 1 ? " node runs" : " nodes run",
+                      "): it holds no rank and takes the slot of a node "
+                      "that is lost"),
+         effects);
+    Record("spare_waiting", effects);
+  }
   // Quiet when the round closes quickly; then a line on each change (at
   // most every few seconds) and every half minute while nothing changes.
   if (progress_due_ == absl::InfiniteFuture()) {
@@ -471,6 +483,19 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
     e.set_restart_count(a.restart_count());
     e.set_max_restarts(a.max_restarts());
   }
+  if (!a.took_slot_of().empty()) {
+    const int32_t last = a.first_global_rank() + o.local_world_size - 1;
+    Tell(absl::StrCat("this spare takes group rank ", a.group_rank(),
+                      ", the slot of ", a.took_slot_of(),
+                      ", which was lost: ranks ", a.first_global_rank(),
+                      last > a.first_global_rank() ? absl::StrCat("..", last)
+                                                   : "",
+                      " of ", a.world_size()),
+         effects);
+    Record("slot_taken", effects)
+        .set_detail(absl::StrCat("the slot of ", a.took_slot_of()));
+  }
+  told_spare_ = false;
   if (!a.restart_refunded().empty()) {
     refunds_.push_back(a.restart_refunded());
     Tell(absl::StrCat(a.restart_refunded(), " (restarts used ",

@@ -464,6 +464,8 @@ class AgentPolicy {
 
   std::optional<v1::Assignment> assignment_;
   int64_t assignments_ = 0;  // ever received: 0 for a spare never admitted
+  // This node was told it waits as a spare (said once, until assigned).
+  bool told_spare_ = false;
   std::vector<Worker> workers_;
   // What this round's last report said: RUNNING, SUCCEEDED or FAILED.
   v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;

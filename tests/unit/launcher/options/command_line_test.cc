@@ -91,6 +91,36 @@ TEST_CASE("In-process recovery is opt-in, by flag or PET_RECOVERY",
         Recovery::kInProcess);
 }
 
+TEST_CASE("Spares and segments, by flag or PET_, need a rendezvous",
+          "[launcher][unit][spares]") {
+  auto c = Parse({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:29400",
+                  "--rdzv_backend=c10d", "--spares=1", "--segment=rack-2",
+                  "t"});
+  REQUIRE(c.ok());
+  CHECK(c->options.spares == 1);
+  CHECK(c->options.segment == "rack-2");
+  CHECK(Find(c->options, "spares")->value == "1");
+  auto pet = Parse({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:29400",
+                    "--rdzv_backend=c10d", "t"},
+                   {{"PET_SPARES", "2"}, {"PET_SEGMENT", "nvl0"}});
+  REQUIRE(pet.ok());
+  CHECK(pet->options.spares == 2);
+  CHECK(pet->options.segment == "nvl0");
+  auto static_spares = Parse({"--nnodes=2", "--spares=1", "t"});
+  REQUIRE(absl::IsInvalidArgument(static_spares.status()));
+  CHECK(static_spares.status().message() ==
+        "--spares=1: a static rendezvous fixes every node's rank and keeps "
+        "no spares; use --rdzv_backend=c10d");
+  auto bad = Parse({"--segment=rack 1", "t"});
+  REQUIRE(absl::IsInvalidArgument(bad.status()));
+  CHECK(bad.status().message() ==
+        "--segment=rack 1: segment may hold only [A-Za-z0-9._:/-], not byte "
+        "0x20 (' ')");
+  auto many = Parse({"--spares=5000", "t"});
+  REQUIRE(absl::IsInvalidArgument(many.status()));
+  CHECK(many.status().message().find("--spares=5000") == 0);
+}
+
 TEST_CASE("A bad PET_ value is named as the variable", "[launcher][unit]") {
   auto c = Parse({"train"}, {{"PET_NNODES", "x"}});
   REQUIRE(absl::IsInvalidArgument(c.status()));

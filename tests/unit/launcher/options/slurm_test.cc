@@ -59,6 +59,32 @@ EnvMap TwoNodeStep(int node_id) {
           {"SLURM_STEP_NODELIST", "n[1-2]"}};
 }
 
+TEST_CASE("A step on N+K nodes with --spares=K runs N and keeps K spare",
+          "[slurm][unit][spares]") {
+  EnvMap three = TwoNodeStep(2);
+  for (const char* v : {"SLURM_JOB_NUM_NODES", "SLURM_STEP_NUM_NODES"}) {
+    three[v] = "3";
+  }
+  three["SLURM_JOB_NODELIST"] = three["SLURM_STEP_NODELIST"] = "n[1-3]";
+  auto c = ParseCommandLine({"--spares=1", "t"}, three, kCpuHost);
+  REQUIRE(c.ok());
+  CHECK(c->options.min_nodes == 2);
+  CHECK(c->options.max_nodes == 2);
+  CHECK(c->options.spares == 1);
+  CHECK(c->options.node_rank == 2);  // ranks after the others: a spare
+  CHECK(c->options.rdzv_backend == "c10d");
+  // An explicit --nnodes wins; spares that leave nothing to run are named.
+  auto fixed = ParseCommandLine({"--nnodes=3", "--spares=1", "t"}, three,
+                                kCpuHost);
+  REQUIRE(fixed.ok());
+  CHECK(fixed->options.max_nodes == 3);
+  auto all = ParseCommandLine({"--spares=3", "t"}, three, kCpuHost);
+  REQUIRE(absl::IsInvalidArgument(all.status()));
+  CHECK(all.status().message() ==
+        "--spares=3: leaves none of the 3 nodes of Slurm job 4242 to run; "
+        "expected 0..2");
+}
+
 TEST_CASE("A step on two nodes needs no rendezvous flags", "[slurm][unit]") {
   auto first =
       ParseCommandLine({"--nproc_per_node=2", "t"}, TwoNodeStep(0), kCpuHost);

@@ -432,6 +432,43 @@ TEST_CASE("An elastic round in its last call and a spare say so",
                  "as a spare for a free slot"));
 }
 
+TEST_CASE("A spare says so at once, and which slot it takes",
+          "[agent][unit][spares]") {
+  LaunchOptions o = Options();
+  o.run_id = "train";
+  Harness h(o);
+  v1::ServerMessage full = Progress();
+  full.mutable_progress()->set_waiting_for_slot(true);
+  full.mutable_progress()->set_spare(true);
+  full.mutable_progress()->set_max_nodes(3);
+  h.Message(full);
+  CHECK(h.Said("this node is a spare of job 'train' (its 3 nodes run): it "
+               "holds no rank and takes the slot of a node that is lost"));
+  h.Message(full);
+  CHECK_FALSE(h.Said("this node is a spare of job 'train' (its 3 nodes run): "
+                     "it holds no rank and takes the slot of a node that is "
+                     "lost"));
+  v1::ServerMessage m;
+  auto* a = m.mutable_assignment();
+  a->set_round(1);
+  a->set_group_rank(1);
+  a->set_first_global_rank(2);
+  a->set_world_size(6);
+  a->set_took_slot_of("b:4242");
+  h.Message(m);
+  REQUIRE(h.Has<e::StartWorkers>());
+  CHECK(h.Said("this spare takes group rank 1, the slot of b:4242, which was "
+               "lost: ranks 2..3 of 6"));
+  bool recorded = false;
+  for (const auto& effect : h.effects()) {
+    if (auto* r = std::get_if<e::Record>(&effect);
+        r && r->event.event() == "slot_taken") {
+      recorded = r->event.detail() == "the slot of b:4242";
+    }
+  }
+  CHECK(recorded);
+}
+
 TEST_CASE("A session broken while collecting joins again and the job goes on",
           "[agent][unit]") {
   Harness h;
