@@ -34,10 +34,11 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
     const auto& s = job.settings();
     absl::StrAppendFormat(
         &out,
-        "job %s  %s  round %d  nodes %d (min %d, max %d)  world %d  "
+        "job %s  %s  round %d  nodes %d (min %d, max %d%s)  world %d  "
         "restarts %d/%d",
         job.job_id(), Lower(v1::JobStatus::Phase_Name(job.phase())),
         job.round(), job.nodes_size(), s.min_nodes(), s.max_nodes(),
+        s.spares() > 0 ? absl::StrCat(", spares ", s.spares()) : "",
         job.world_size(), job.restart_count(), s.max_restarts());
     if (!job.master_addr().empty()) {
       absl::StrAppendFormat(&out, "  master %s:%d", job.master_addr(),
@@ -61,7 +62,9 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
           &out, "  %-5s %-24s %-22s %-8d %-14s %-11s %s\n",
           n.group_rank() < 0 ? "-" : absl::StrCat(n.group_rank()),
           n.node().hostname(), n.address(), n.node().pid(),
-          Lower(v1::NodeStatus::State_Name(n.state())), Ranks(n),
+          n.spare() ? std::string("spare")
+                    : Lower(v1::NodeStatus::State_Name(n.state())),
+          Ranks(n),
           n.resuming()
               ? std::string("resuming")
               : absl::StrFormat("%.1fs ago", n.heartbeat_age_ms() / 1000.0));
@@ -79,6 +82,9 @@ std::string FormatJobs(const std::vector<v1::JobStatus>& jobs) {
     }
     for (const auto& lost : job.lost_nodes()) {
       absl::StrAppend(&out, "  lost: ", lost, "\n");
+    }
+    for (const auto& p : job.promotions()) {
+      absl::StrAppend(&out, "  spare: ", p, "\n");
     }
     for (const auto& l : job.longest()) {
       absl::StrAppendFormat(

@@ -113,6 +113,11 @@ struct RendezvousMetrics::Families {
                       "every worker's process group formed again")
                 .Register(r)
                 .Add({}, RoundBuckets())),
+        promotions(BuildCounter()
+                       .Name("ctrund_spares_promoted_total")
+                       .Help("Spares (--spares) given a lost node's slot")
+                       .Register(r)
+                       .Add({})),
         refusals(BuildCounter()
                      .Name("ctrund_refusals_total")
                      .Help("Sessions, store requests and admin calls "
@@ -128,6 +133,7 @@ struct RendezvousMetrics::Families {
   prometheus::Family<prometheus::Counter>& store_errors;
   prometheus::Histogram& log_writes;
   prometheus::Counter& kept;
+  prometheus::Counter& promotions;
   prometheus::Histogram& recovery_seconds;
   prometheus::Family<prometheus::Counter>& refusals;
 };
@@ -215,6 +221,8 @@ void RendezvousMetrics::Count(const v1::Event& event) {
   } else if (event.event() == "workers_recovered") {
     families_->kept.Increment(event.kept());
     families_->recovery_seconds.Observe(event.duration_s());
+  } else if (event.event() == "spare_promoted") {
+    families_->promotions.Increment();
   } else if (event.event() == "job_finished") {
     families_->jobs_ended.Add({{"outcome", "finished"}}).Increment();
   } else if (event.event() == "job_failed") {

@@ -684,15 +684,17 @@ ServiceMetrics::Holding Impl::HoldingLocked() const {
     h.jobs[name] = 0;
   }
   for (const auto* name :
-       {"joined", "pending_rejoin", "active", "succeeded", "waiting"}) {
+       {"joined", "pending_rejoin", "active", "succeeded", "waiting",
+        "spare"}) {
     h.nodes[name] = 0;
   }
   int in_job = 0, resuming = 0;
   for (const v1::JobStatus& job : core_.ListJobs(MonotonicNow())) {
     ++h.jobs[absl::AsciiStrToLower(v1::JobStatus::Phase_Name(job.phase()))];
     for (const v1::NodeStatus& node : job.nodes()) {
-      ++h.nodes[absl::AsciiStrToLower(
-          v1::NodeStatus::State_Name(node.state()))];
+      ++h.nodes[node.spare() ? std::string("spare")
+                             : absl::AsciiStrToLower(
+                                   v1::NodeStatus::State_Name(node.state()))];
       ++(node.resuming() ? resuming : in_job);
     }
   }

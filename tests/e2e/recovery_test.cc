@@ -1,7 +1,8 @@
-// In-process recovery (--recovery=inprocess) with Debian's python3-torch on
-// Gloo: survivors keep their processes across a worker's death, a blocked
-// survivor is brought back or restarted, and a lost node's peers continue
-// in the shrunk world and grow back.
+// Recovery with Debian's python3-torch on Gloo. In process
+// (--recovery=inprocess): survivors keep their processes across a worker's
+// death, a blocked survivor is brought back or restarted, and a lost node's
+// peers continue in the shrunk world and grow back. Hot spares (--spares):
+// a lost node's group rank goes to a spare, the world keeping its size.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -12,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "tests/support/child_process.h"
@@ -250,6 +252,117 @@ TEST_CASE(
   CHECK(a->Stderr().find("was lost") != std::string::npos);
   CHECK(a->Stderr().find("the live workers keep their processes") !=
         std::string::npos);
+}
+
+// What `ctrun status` shows of the job, once it contains `needle` (or
+// after 30 s).
+std::string StatusShowing(const Daemon& daemon, const std::string& job,
+                          const std::string& needle) {
+  std::string shown;
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < end && shown.find(needle) == std::string::npos) {
+    ChildProcess status({CtrunPath(), "status",
+                         "--rdzv_endpoint=" + daemon.endpoint(),
+                         "--rdzv_id=" + job});
+    shown = status.ReadAll(kWait);
+    status.Wait(kWait);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return shown;
+}
+
+TEST_CASE(
+    "A hot spare takes a lost node's group rank: the world and every other "
+    "rank stay, and the job ends as if uninterrupted",
+    "[multinode][e2e][spares]") {
+  auto metrics_port = BindFreePort("127.0.0.1");
+  REQUIRE(metrics_port.ok());
+  Daemon daemon({absl::StrCat("--metrics-listen=127.0.0.1:", *metrics_port)});
+  const std::string checkpoint =
+      std::filesystem::temp_directory_path() /
+      ("ctrun-spares-" + std::to_string(getpid()) + ".pt");
+  constexpr int kSteps = 500;
+  auto node = [&](int n) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{
+            CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
+            "--nnodes=3", "--nproc_per_node=1", "--spares=1",
+            "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
+            "--rdzv_id=spares", "--max_restarts=2", Script(), "--steps",
+            absl::StrCat(kSteps), "--checkpoint", checkpoint},
+        std::vector{kPython});
+  };
+  std::vector<std::unique_ptr<ChildProcess>> active;
+  for (int n : {2, 3, 4}) active.push_back(node(n));
+  // Which agent holds which rank (one worker each: rank = group rank).
+  std::map<int, ChildProcess*> by_rank;
+  for (auto& a : active) {
+    auto line = a->WaitForLine("enter rank=", kWait);
+    REQUIRE(line);
+    const std::vector<Entry> e = Entries(*line);
+    REQUIRE(e.size() == 1);
+    CHECK(e[0].world == 3);
+    by_rank[e[0].rank] = a.get();
+  }
+  REQUIRE(by_rank.size() == 3);
+  auto spare = node(5);
+  REQUIRE(spare->StderrContains(
+      "this node is a spare of job 'spares' (its 3 nodes run): it holds no "
+      "rank and takes the slot of a node that is lost",
+      kWait));
+  {
+    const std::string shown = StatusShowing(daemon, "spares", " spare ");
+    INFO(shown);
+    CHECK(shown.find("(min 3, max 3, spares 1)") != std::string::npos);
+    CHECK(std::regex_search(shown, std::regex("\\n  -  +[^ ]+ +127\\.0\\.0\\.5 "
+                                              "+[0-9]+ +spare ")));
+    auto metrics = HttpGet("127.0.0.1", *metrics_port, "/metrics");
+    REQUIRE(metrics.ok());
+    CHECK(metrics->find("ctrund_nodes{state=\"spare\"} 1") != std::string::npos);
+  }
+  ChildProcess* victim = by_rank[1];
+  ::kill(victim->pid(), SIGKILL);  // the agent; its watchdog ends its worker
+  CHECK(victim->Wait(kWait) == 128 + SIGKILL);
+  // The spare's worker enters as rank 1 of the same world.
+  auto line = spare->WaitForLine("enter rank=", kWait);
+  REQUIRE(line);
+  std::vector<Entry> e = Entries(*line);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].rank == 1);
+  CHECK(e[0].world == 3);
+  CHECK(spare->StderrContains(
+      "this spare takes group rank 1, the slot of", absl::Seconds(1)));
+  // Every other node keeps its rank in the new round.
+  for (int rank : {0, 2}) {
+    auto again = by_rank[rank]->WaitForLine("enter rank=", kWait);
+    REQUIRE(again);
+    e = Entries(*again);
+    REQUIRE(e.size() == 1);
+    CHECK(e[0].rank == rank);
+    CHECK(e[0].world == 3);
+  }
+  {
+    const std::string shown =
+        StatusShowing(daemon, "spares", "took group rank 1 of");
+    INFO(shown);
+    CHECK(std::regex_search(
+        shown, std::regex("spare: [^ ]+ took group rank 1 of [^ ]+")));
+    auto metrics = HttpGet("127.0.0.1", *metrics_port, "/metrics");
+    REQUIRE(metrics.ok());
+    CHECK(metrics->find("ctrund_spares_promoted_total 1") != std::string::npos);
+  }
+  // The same parameters as a run without the loss: the world kept its size
+  // and the job resumed from its checkpoint.
+  std::set<std::string> sums;
+  for (ChildProcess* p : {by_rank[0], by_rank[2], spare.get()}) {
+    const std::string rest = p->ReadAll(kWait);
+    INFO(rest << p->Stderr());
+    CHECK(p->Wait(kWait) == 0);
+    Finals(rest, &sums);
+  }
+  std::filesystem::remove(checkpoint);
+  CHECK(sums == std::set<std::string>{
+                    absl::StrFormat("%.1f", ExpectedSum(kSteps, 3))});
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ Options:
                      in time.sleep, in a Python loop, or with its release
                      signal ignored and sleeping (never released)
   --step_sleep SEC   pause per step (default 0.02)
+  --checkpoint FILE  rank 0 saves the state there after each step, and every
+                     process starts from it when it exists (a job restarted
+                     the old way resumes from it)
 
 Prints, per (re)entry: "enter rank=R pid=P round=K world=W step=S"; at the
 end: "final rank=R pid=P world=W sum=X".
@@ -40,9 +43,19 @@ parser.add_argument("--kill_agent", action="store_true")
 parser.add_argument("--block", default="")
 parser.add_argument("--block_rank", type=int, default=-1)
 parser.add_argument("--step_sleep", type=float, default=0.02)
+parser.add_argument("--checkpoint", default="")
 args = parser.parse_args()
 
 state = {"step": 0, "w": torch.zeros(8, dtype=torch.float64)}
+if args.checkpoint and os.path.exists(args.checkpoint):
+    state = torch.load(args.checkpoint)
+
+
+def save():
+    # Whole or not at all: a restart may stop rank 0 in the middle.
+    partial = args.checkpoint + ".partial"
+    torch.save(state, partial)
+    os.replace(partial, args.checkpoint)
 
 
 def contribution(step, rank):
@@ -87,6 +100,8 @@ def train():
         dist.all_reduce(total)
         w += total
         state["step"] = s + 1
+        if args.checkpoint and rank == 0:
+            save()
         ctrun.heartbeat()
         time.sleep(args.step_sleep)
     return dist.get_world_size()
