@@ -2,7 +2,7 @@
 """Time from a failure to every rank stepping again, on a real PyTorch job.
 
     pytorch_recovery_bench.py --ctrun build/launcher/ctrun [--runs 3]
-                              [--give_up 60] [--only worker|node]
+                              [--give_up 60] [--only worker|node|spare]
 
 The job (recovery_job.py) all-reduces on Gloo in a loop; its workers log
 every finished step with the time. Measured side by side, as median
@@ -15,6 +15,13 @@ every finished step with the time. Measured side by side, as median
           127.0.0.2 and .3 meeting at a ctrund; torchrun's on one c10d
           store hosted by the first agent (started a second earlier); the
           last rank (on group rank 1's node) SIGKILLs its agent at step 30.
+  spare   three nodes of 1 worker (--nnodes=3) whose imports take 2 s more
+          than torch's (slow_import.py); the last rank SIGKILLs its agent
+          at step 30. Cold: a new node is started at the kill, as one
+          would for torchrun (torchrun's own, and ctrun's without
+          --preload); hot: a fourth agent waits with --spares=1 (warm:
+          torch and slow_import preloaded), restart mode and
+          --recovery=inprocess.
 The figure: from the kill to the moment every rank of the new world has
 finished a step (the slowest rank's first step after the kill), with the
 parts in-process recovery reports: how many ranks kept their process and
@@ -113,7 +120,7 @@ def node_kill(ctrun, variant, give_up):
         env = dict(os.environ, PYTHON_EXEC=PYTHON)
         procs = []
         if variant == "torchrun":
-            port = free_port()
+            port = free_port("127.0.0.1")
             base = TORCHRUN + ["--nnodes=1:2", "--nproc_per_node=2",
                                "--rdzv_backend=c10d",
                                f"--rdzv_endpoint=127.0.0.1:{port}",
@@ -123,7 +130,7 @@ def node_kill(ctrun, variant, give_up):
             time.sleep(1)  # node 1 hosts the rendezvous: it goes first
             procs.append(spawn(base + job, env))
         else:
-            port = free_port()
+            port = free_port("127.0.0.1")
             procs.append(spawn([ctrun.replace("/launcher/ctrun",
                                               "/rendezvous/ctrund"),
                                 "--listen", f"127.0.0.1:{port}"]))
@@ -136,6 +143,54 @@ def node_kill(ctrun, variant, give_up):
                      f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=bench",
                      "--rdzv_conf=last_call_timeout=1"] + flags + job, env))
         return measure(procs, log, 2, give_up)
+
+
+def spare_kill(ctrun, variant, give_up):
+    """Cold: a node started when the kill is seen; hot: a spare waiting."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "log")
+        job = [JOB, log, "100000", "agent"]
+        env = dict(os.environ, PYTHON_EXEC=PYTHON, PYTHONPATH=HERE,
+                   RECOVERY_JOB_IMPORTS="slow_import")
+        port = free_port("127.0.0.1")
+        procs = []
+        if variant == "torchrun_cold":
+            base = TORCHRUN + ["--nnodes=3", "--nproc_per_node=1",
+                               "--rdzv_backend=c10d",
+                               f"--rdzv_endpoint=127.0.0.1:{port}",
+                               "--rdzv_id=bench"]
+
+            def agent(_):
+                return spawn(base + job, env)
+        else:
+            procs.append(spawn([ctrun.replace("/launcher/ctrun",
+                                              "/rendezvous/ctrund"),
+                                "--listen", f"127.0.0.1:{port}"]))
+            flags = {"ctrun_cold": ["--preload=none"],
+                     "hot": ["--spares=1", "--preload=torch,slow_import"],
+                     "hot_inprocess": ["--spares=1",
+                                       "--preload=torch,slow_import",
+                                       "--recovery=inprocess"]}[variant]
+
+            def agent(n):
+                return spawn([ctrun, f"--local_addr=127.0.0.{n}",
+                              "--nnodes=3", "--nproc_per_node=1",
+                              "--rdzv_backend=c10d",
+                              f"--rdzv_endpoint=127.0.0.1:{port}",
+                              "--rdzv_id=bench"] + flags + job, env)
+        procs.append(agent(2))
+        if variant == "torchrun_cold":
+            time.sleep(1)  # the first agent hosts the rendezvous
+        procs += [agent(3), agent(4)]
+        if variant.startswith("hot"):
+            procs.append(agent(5))
+        else:
+            # The replacement node starts when the loss is seen.
+            end = time.time() + give_up
+            while read_log(log)[0] is None and time.time() < end:
+                time.sleep(0.02)
+            procs.append(agent(5))
+        return measure(procs, log, 3, give_up)
 
 
 def summary(samples):
@@ -163,12 +218,15 @@ def main():
     parser.add_argument("--ctrun", required=True)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--give_up", type=float, default=60)
-    parser.add_argument("--only", choices=["worker", "node"])
+    parser.add_argument("--only", choices=["worker", "node", "spare"])
     args = parser.parse_args()
-    benches = {"worker": worker_kill, "node": node_kill}
-    variants = ["torchrun", "ctrun", "preload", "inprocess"]
+    restart_variants = ["torchrun", "ctrun", "preload", "inprocess"]
+    spare_variants = ["torchrun_cold", "ctrun_cold", "hot", "hot_inprocess"]
+    benches = {"worker": (worker_kill, restart_variants),
+               "node": (node_kill, restart_variants),
+               "spare": (spare_kill, spare_variants)}
     table = []
-    for name, run in benches.items():
+    for name, (run, variants) in benches.items():
         if args.only and name != args.only:
             continue
         row = {"bench": f"pytorch_{name}_kill"}
@@ -176,17 +234,20 @@ def main():
             row[variant] = summary([run(args.ctrun, variant, args.give_up)
                                     for _ in range(args.runs)])
         print(json.dumps(row), flush=True)
-        table.append(row)
+        table.append((row, variants))
     print(f"\nfailure -> every rank stepping again, {args.runs} runs: "
           "median (min-max)")
-    for row in table:
-        base = row["torchrun"]
+    for row, variants in table:
+        base = row[variants[0]]
         print(row["bench"])
         for variant in variants:
             s = row[variant]
-            ratio = (f"{base['median'] / s['median']:.1f}x torchrun"
+            ratio = (f"{base['median'] / s['median']:.1f}x {variants[0]}"
                      if base and s else "-")
-            print(f"  {variant:10} {fmt(s, args.give_up):44} {ratio}")
+            if variants is spare_variants and row["ctrun_cold"] and s:
+                ratio += (f", {row['ctrun_cold']['median'] / s['median']:.1f}x"
+                          " ctrun_cold")
+            print(f"  {variant:14} {fmt(s, args.give_up):44} {ratio}")
 
 
 if __name__ == "__main__":

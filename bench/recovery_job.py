@@ -6,17 +6,22 @@ torchrun), resuming at the furthest step any rank reached.
 
 KILL: "worker" (rank 1 SIGKILLs itself at step 30 of the first round),
 "agent" (the last rank SIGKILLs its parent, the agent, at step 30), or
-"none". Every rank appends to LOG one line per finished step:
-"step TIME RANK WORLD STEP PID WARM"; the killer writes "kill TIME" first.
-WARM is 1 when torch was imported before the script ran (a warm start).
+"none"; either happens once per LOG. Every rank appends to LOG one line
+per finished step: "step TIME RANK WORLD STEP PID WARM"; the killer writes
+"kill TIME" first. WARM is 1 when torch was imported before the script ran
+(a warm start). RECOVERY_JOB_IMPORTS (module names, comma-separated) are
+imported first: heavy imports for the spares benchmark.
 """
 
+import importlib
 import os
 import signal
 import sys
 import time
 
 WARM = int("torch" in sys.modules)
+for name in filter(None, os.environ.get("RECOVERY_JOB_IMPORTS", "").split(",")):
+    importlib.import_module(name)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -34,6 +39,16 @@ except ImportError:  # under torchrun
 LOG, STEPS, KILL = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 KILL_STEP = 30
 state = {"step": 0, "w": torch.zeros(1000)}
+
+
+def first_kill():
+    """True for the first process of the job to ask (a spare that takes
+    the killer's rank, or a restarted job, must not kill again)."""
+    try:
+        os.close(os.open(LOG + ".killed", os.O_CREAT | os.O_EXCL, 0o644))
+        return True
+    except FileExistsError:
+        return False
 
 
 def write(line):
@@ -55,10 +70,11 @@ def train():
     while state["step"] < STEPS:
         s = state["step"]
         if first_round and s == KILL_STEP:
-            if KILL == "worker" and rank == 1:
+            if KILL == "worker" and rank == 1 and first_kill():
                 write("kill %.6f" % time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
-            if KILL == "agent" and rank == world - 1 and world > 2:
+            if (KILL == "agent" and rank == world - 1 and world > 2
+                    and first_kill()):
                 write("kill %.6f" % time.time())
                 os.kill(os.getppid(), signal.SIGKILL)
                 time.sleep(60)

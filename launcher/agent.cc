@@ -227,6 +227,13 @@ void Agent::SetupTemplate(WorkerGroupConfig& group) {
   t.python = {argv[0], argv[1]};
   t.script = agent_dir_ + "/ctrun_template.py";
   t.modules = o.preload.value_or(std::vector<std::string>{"torch"});
+  // The loop waits with a start: it must not miss its heartbeats (one is
+  // due every keep-alive interval; the rendezvous loses a node silent for
+  // the heartbeat timeout).
+  t.wait_ms = static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(o.heartbeat_timeout -
+                                2 * o.keep_alive_interval),
+      0, TemplateSpawner::kReadyWithinMs));
   t.optional = !o.preload;
   // What every worker's environment shares: the agent's, with ctrun's
   // module on the path (modules imported here see this one).

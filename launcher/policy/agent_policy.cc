@@ -361,9 +361,14 @@ void AgentPolicy::PrintProgress(absl::Time now, AgentEffects* effects) {
       absl::StrAppend(&line, "; missing node ranks [",
                       absl::StrJoin(p.missing_node_ranks(), ","), "]");
     }
-    if (p.pending_count() > 0) {
+    if (p.pending_size() > 0) {
       absl::StrAppend(&line,
                       "; not back yet: ", absl::StrJoin(p.pending(), ", "));
+    } else if (p.pending_count() > 0) {
+      // A node's own acknowledgement counts them without names.
+      absl::StrAppend(&line, "; ", p.pending_count(),
+                      p.pending_count() == 1 ? " node" : " nodes",
+                      " not back yet");
     }
     if (p.last_call_remaining_ms() >= 0) {
       absl::StrAppend(&line, "; closing in ", left(p.last_call_remaining_ms()));
@@ -487,9 +492,11 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
     const int32_t last = a.first_global_rank() + o.local_world_size - 1;
     Tell(absl::StrCat("this spare takes group rank ", a.group_rank(),
                       ", the slot of ", a.took_slot_of(),
-                      ", which was lost: ranks ", a.first_global_rank(),
-                      last > a.first_global_rank() ? absl::StrCat("..", last)
-                                                   : "",
+                      ", which was lost: ",
+                      last > a.first_global_rank()
+                          ? absl::StrCat("ranks ", a.first_global_rank(), "..",
+                                         last)
+                          : absl::StrCat("rank ", last),
                       " of ", a.world_size()),
          effects);
     Record("slot_taken", effects)

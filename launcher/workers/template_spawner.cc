@@ -1,5 +1,6 @@
 #include "launcher/workers/template_spawner.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -90,8 +91,21 @@ void TemplateSpawner::TurnOff(const std::string& why) {
 bool TemplateSpawner::Ready() {
   if (state_ != State::kImporting) return state_ == State::kReady;
   bool gone = false;
-  const std::string said = Receive(socket_, kReadyWithinMs, &gone);
-  if (said.empty() && !gone) {
+  const int64_t left_ms =
+      kReadyWithinMs - absl::ToInt64Milliseconds(absl::Now() - started_);
+  const int wait_ms = static_cast<int>(
+      std::clamp<int64_t>(std::min<int64_t>(config_.wait_ms, left_ms), 0,
+                          kReadyWithinMs));
+  const std::string said = Receive(socket_, wait_ms, &gone);
+  if (said.empty() && !gone && wait_ms < left_ms) {
+    if (!said_importing_ && config_.say) {
+      said_importing_ = true;
+      config_.say(absl::StrCat(
+          "the template interpreter is still importing after ",
+          absl::ToInt64Seconds(absl::Now() - started_),
+          "s; workers start cold until it is ready, then warm"));
+    }
+  } else if (said.empty() && !gone) {
     TurnOff(absl::StrCat("the template interpreter's imports took over ",
                          kReadyWithinMs / 1000, "s"));
   } else if (gone) {

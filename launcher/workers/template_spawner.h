@@ -9,12 +9,15 @@
 // subreaper): the worker group reaps, signals and contains it as any
 // worker. What differs from a cold start is in docs/recovery.md.
 //
-// The first start waits for the template's imports (at most
-// kReadyWithinMs: one import and N forks beat N imports side by side). A
-// start is cold (ExecSpawner) when the command is not the Python one the
-// template runs, when the worker is bound to CPUs (--numa_binding), and for
-// good once the template refused to fork (threads, a CUDA context, a failed
-// import), took too long to import or stopped answering: said once.
+// A start waits for the template's imports (one import and N forks beat N
+// imports side by side), but at most TemplateConfig::wait_ms, since the
+// agent's loop, heartbeats included, waits with it: a start that finds the
+// template still importing then is cold, and later ones are warm once it
+// is ready (said once). A start is cold (ExecSpawner) when the command is
+// not the Python one the template runs, when the worker is bound to CPUs
+// (--numa_binding), and for good once the template refused to fork
+// (threads, a CUDA context, a failed import), took more than
+// kReadyWithinMs to import or stopped answering: said once.
 //
 // Used by the agent's loop only; not thread-safe.
 #ifndef CTRUN_LAUNCHER_WORKERS_TEMPLATE_SPAWNER_H_
@@ -26,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "launcher/workers/worker_process.h"
 
 namespace ctrun {
@@ -40,6 +45,8 @@ struct TemplateConfig {
   // when it is there), instead of turning warm starts off.
   bool optional = false;
   EnvMap env;  // the template's environment
+  // How long one start may wait for the imports (at most kReadyWithinMs).
+  int wait_ms = 30000;
   // Says a line (once per cause) when warm starts are off.
   std::function<void(const std::string&)> say;
 };
@@ -48,7 +55,7 @@ class TemplateSpawner final : public Spawner {
  public:
   // How long the template may take to answer a start before it is given up.
   static constexpr int kAnswerWithinMs = 5000;
-  // How long the template's imports may hold up the first start.
+  // How long the template may take to import before warm starts end.
   static constexpr int kReadyWithinMs = 30000;
 
   // Starts the template at once; it imports while the node joins.
@@ -78,6 +85,8 @@ class TemplateSpawner final : public Spawner {
   const TemplateConfig config_;
   ExecSpawner exec_;
   State state_ = State::kImporting;
+  absl::Time started_ = absl::Now();
+  bool said_importing_ = false;
   int socket_ = -1;
   pid_t pid_ = -1;
   int warm_starts_ = 0;

@@ -459,6 +459,15 @@ TEST_CASE("A spare says so at once, and which slot it takes",
   REQUIRE(h.Has<e::StartWorkers>());
   CHECK(h.Said("this spare takes group rank 1, the slot of b:4242, which was "
                "lost: ranks 2..3 of 6"));
+  // Its own progress counts the nodes not back yet without naming them.
+  Harness counted;
+  v1::ServerMessage back = Progress();
+  back.mutable_progress()->set_round(1);
+  back.mutable_progress()->set_pending_count(2);
+  counted.Message(back);
+  counted.Advance(AgentPolicy::kProgressQuietFor);
+  CHECK(counted.Said("waiting for 1 more node at 10.0.0.1:29400 (1/2 joined; "
+                     "round 1; 2 nodes not back yet; join timeout in "));
   bool recorded = false;
   for (const auto& effect : h.effects()) {
     if (auto* r = std::get_if<e::Record>(&effect);
