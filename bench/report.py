@@ -133,7 +133,8 @@ class Report:
     # --- a real PyTorch job's recovery -------------------------------------
     def pytorch_recovery(self):
         rows = {r["bench"]: r for r in self.rows
-                if r["bench"] in ("pytorch_worker_kill", "pytorch_node_kill")}
+                if r["bench"] in ("pytorch_worker_kill", "pytorch_node_kill",
+                                  "pytorch_spare_kill")}
         if not rows:
             return
 
@@ -178,6 +179,25 @@ class Report:
             self.out(f"| {names[name]} | " + " | ".join(parts) +
                      f" | {speedup(r['inprocess'], r['torchrun'])} |")
         self.out("")
+        spare = rows.get("pytorch_spare_kill")
+        if spare is None:
+            return
+        self.out("Hot spares (`--spares=1`): three nodes of one rank whose "
+                 "imports take 2 s more than torch's; the last rank's agent "
+                 "is killed. Cold: a new node started when the loss is seen, "
+                 "as one would for torchrun; hot: a fourth agent waits as a "
+                 "spare with torch and the slow module preloaded, and takes "
+                 "the lost node's rank.",
+                 "",
+                 "| | torchrun, new node | ctrun, new node | ctrun, hot spare "
+                 "| hot spare, `--recovery=inprocess` | cold / hot "
+                 "in-process |",
+                 "|---|---:|---:|---:|---:|---:|")
+        parts = [cell(spare.get(v)) for v in
+                 ("torchrun_cold", "ctrun_cold", "hot", "hot_inprocess")]
+        self.out("| agent `kill -9` | " + " | ".join(parts) + " | " +
+                 speedup(spare.get("hot_inprocess"), spare.get("ctrun_cold")) +
+                 " |", "")
 
     # --- multi-node and recovery -----------------------------------------
     def recovery(self):
@@ -576,6 +596,16 @@ class Report:
             rows.append((text, verdict(ok, f"{s * 1000:.0f} ms" + (
                 f", {t / s:.0f}× torchrun" if t else
                 ", torchrun never"))))
+        spare = torch_rec.get("pytorch_spare_kill")
+        if spare and spare.get("hot_inprocess"):
+            hot = spare["hot_inprocess"]["median"]
+            cold = (spare.get("ctrun_cold") or {}).get("median")
+            rows.append((
+                "PyTorch job, agent `kill -9` → a hot spare's rank stepping "
+                "within 0.3 s and ≥ 5× a cold new node",
+                verdict(hot <= 0.3 and cold is not None and cold / hot >= 5,
+                        f"{hot * 1000:.0f} ms" +
+                        (f", {cold / hot:.0f}× cold" if cold else ""))))
         big = [r["all_assigned_ms"] for r in self.pick(
             bench="rendezvous", impl="ctrun", agents=4096)]
         if big:
