@@ -23,6 +23,7 @@
 #include "ctrun/environment.h"
 #include "ctrun/v1/admin.grpc.pb.h"
 #include "launcher/hw/topology.h"
+#include "launcher/options/worker_command.h"
 #include "launcher/python_module.h"
 #include "launcher/workers/proc.h"
 #include "launcher/workers/watchdog.h"
@@ -60,6 +61,9 @@ AgentPolicyConfig PolicyConfig(const AgentConfig& c) {
   p.hostname = c.workers.hostname;
   p.endpoint = c.connection.endpoint();
   p.omp_threads_set = c.workers.env.contains(env::kOmpNumThreads);
+  // Read only where it matters: a node that may wait as a spare.
+  p.parks = c.workers.options.spares > 0 &&
+            ParksForSlot(c.workers.worker_argv);
   return p;
 }
 
@@ -583,6 +587,13 @@ void Agent::Apply(const AgentEffect& effect) {
     std::vector<int> ranks;
     for (const RankRun& run : rank_runs_) ranks.push_back(run.rank);
     if (gpu_watch_) gpu_watch_->Start(MonotonicNow(), std::move(ranks));
+    AgentEffects more;
+    policy_.OnWorkersStarted(started, MonotonicNow(), &more);
+    Apply(std::move(more));
+  } else if (std::holds_alternative<e::ParkWorkers>(effect)) {
+    if (board_) board_->Clear();
+    const std::vector<WorkerStart> started = workers_->StartParked();
+    rank_runs_.assign(started.size(), RankRun{-1, absl::Now(), std::nullopt});
     AgentEffects more;
     policy_.OnWorkersStarted(started, MonotonicNow(), &more);
     Apply(std::move(more));

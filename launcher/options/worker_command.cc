@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
@@ -116,6 +117,36 @@ absl::StatusOr<std::vector<std::string>> ResolveWorkerCommand(
   argv.insert(argv.end(), options.script_args.begin(),
               options.script_args.end());
   return argv;
+}
+
+bool ParksForSlot(const std::vector<std::string>& argv) {
+  if (argv.empty()) return false;
+  const bool python = argv.size() > 2 && argv[1] == "-u";
+  if (python && argv[2] == "-m") return false;
+  const std::string& file = python ? argv[2] : argv[0];
+  const std::vector<std::string> needles =
+      python ? std::vector<std::string>{"wait_for_slot"}
+             : std::vector<std::string>{"_ZN5ctrun11WaitForSlotEv",
+                                        "ctrun::WaitForSlot parks here"};
+  std::ifstream in(file, std::ios::binary);
+  constexpr size_t kChunk = size_t{1} << 20;
+  constexpr size_t kMostRead = size_t{512} << 20;
+  // Each chunk is searched with the end of the one before: a name may
+  // straddle two.
+  std::string window;
+  std::vector<char> chunk(kChunk);
+  for (size_t read = 0; in && read < kMostRead; read += kChunk) {
+    in.read(chunk.data(), static_cast<std::streamsize>(kChunk));
+    const size_t got = static_cast<size_t>(in.gcount());
+    if (got == 0) break;
+    const size_t keep = std::min<size_t>(window.size(), 64);
+    window = window.substr(window.size() - keep);
+    window.append(chunk.data(), got);
+    for (const std::string& needle : needles) {
+      if (window.find(needle) != std::string::npos) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace ctrun

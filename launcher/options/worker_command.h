@@ -33,6 +33,14 @@ PythonChoice FindPython(const EnvMap& env);
 absl::StatusOr<std::vector<std::string>> ResolveWorkerCommand(
     const LaunchOptions& options, const EnvMap& env);
 
+// Whether the resolved command `argv` parks in ctrun.wait_for_slot() /
+// ctrun::WaitForSlot(), so that a spare node may start it before it has a
+// slot: the script of `PYTHON -u SCRIPT` names wait_for_slot, or the
+// program's file holds the C++ function's symbol (or the mark it leaves in
+// a stripped static link). A module (-m) is not read: it does not park.
+// Reads at most the first 512 MiB of the file.
+bool ParksForSlot(const std::vector<std::string>& argv);
+
 }  // namespace ctrun
 
 #endif  // CTRUN_LAUNCHER_OPTIONS_WORKER_COMMAND_H_

@@ -320,6 +320,14 @@ void AgentPolicy::OnProgress(const v1::Progress& p, absl::Time now,
                       "that is lost"),
          effects);
     Record("spare_waiting", effects);
+    if (config_.parks && live_workers() == 0) {
+      Tell("its workers start now and wait in wait_for_slot() for a slot",
+           effects);
+      parked_ = true;
+      workers_.assign(static_cast<size_t>(config_.options.local_world_size),
+                      Worker{});
+      effects->push_back(agent_effect::ParkWorkers{});
+    }
   }
   // Quiet when the round closes quickly; then a line on each change (at
   // most every few seconds) and every half minute while nothing changes.
@@ -509,6 +517,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
                       a.restart_count(), "/", a.max_restarts(), ")"),
          effects);
   }
+  if (std::exchange(parked_, false)) return Unpark(a, kept, fresh, now, effects);
   if (kept.empty()) {
     recovering_.reset();
     effects->push_back(StartWorkers{a, {}});
@@ -538,6 +547,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
 
 void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
                                    absl::Time now, AgentEffects* effects) {
+  if (phase_ == Phase::kJoining && parked_) return OnParked(started, now, effects);
   if (phase_ != Phase::kRunning) return;
   for (const WorkerStart& s : started) {
     if (s.local_rank < 0 || s.local_rank >= static_cast<int>(workers_.size())) {
@@ -566,6 +576,53 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
         WorkerFailureRecord{s.wall_time, config_.hostname, w.rank, w.local_rank,
                             127, 0, 0, w.error_file, "", false},
         now, effects);
+    return;
+  }
+  WorkersUp(now, effects);
+}
+
+void AgentPolicy::OnParked(const std::vector<WorkerStart>& started,
+                           absl::Time now, AgentEffects* effects) {
+  for (const WorkerStart& s : started) {
+    if (s.local_rank < 0 || s.local_rank >= static_cast<int>(workers_.size())) {
+      continue;
+    }
+    Worker& w = workers_[static_cast<size_t>(s.local_rank)];
+    w.local_rank = s.local_rank;
+    w.rank = -1;
+    if (s.pid <= 0) {
+      // It starts with the slot instead, cold or warm as any start.
+      Tell(absl::StrCat("cannot park the worker of local rank ", s.local_rank,
+                        ": ", s.error, "; it starts when this spare takes a "
+                        "slot"),
+           effects);
+      continue;
+    }
+    w.pid = s.pid;
+    w.alive = true;
+    w.started = now;
+    w.warm = s.warm;
+    v1::Event& e = Record("worker_started", effects);
+    e.set_local_rank(w.local_rank);
+    e.set_pid(s.pid);
+    e.set_detail(s.warm ? "parked, warm" : "parked");
+  }
+}
+
+void AgentPolicy::Unpark(const v1::Assignment& a, const std::vector<int>& kept,
+                         const std::vector<int>& fresh, absl::Time now,
+                         AgentEffects* effects) {
+  recovering_.reset();
+  if (!kept.empty()) {
+    Tell(absl::StrCat("its parked ", kept.size() == 1 ? "worker takes " : "workers take ",
+                      Ranks(kept)),
+         effects);
+    Record("workers_unparked", effects).set_detail(Ranks(kept, true));
+    effects->push_back(agent_effect::HandOver{a, kept});
+    recovery_deadline_ = now + config_.options.recovery_timeout;
+  }
+  if (!fresh.empty()) {
+    effects->push_back(StartWorkers{a, fresh});
     return;
   }
   WorkersUp(now, effects);
@@ -618,6 +675,16 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
     if (live_workers() > 0) return;
     if (phase_ == Phase::kCollecting) return EndEvidence(now, effects);
     return OnStopped(now, effects);
+  }
+  if (phase_ == Phase::kJoining && parked_) {
+    Tell(absl::StrCat("a parked worker (local rank ", it->local_rank, ", pid ",
+                      it->pid, ") ended (",
+                      e.signal ? SignalName(e.signal)
+                               : absl::StrCat("exit code ", e.exit_code),
+                      ") before this spare took a slot; it starts afresh "
+                      "when the spare does"),
+         effects);
+    return;
   }
   if (phase_ != Phase::kRunning) return;
   if (it->restarting) {
@@ -1101,6 +1168,7 @@ void AgentPolicy::OnStopped(absl::Time now, AgentEffects* effects) {
       phase_ = Phase::kJoining;
       assignment_.reset();  // that round's service is gone
       workers_.clear();
+      parked_ = told_spare_ = false;
       OpenSession(std::nullopt, now, effects);
       return;
     case Next::kRejoin:

@@ -63,6 +63,11 @@
 // - torchrun's file timers (file_timers.h): an expired one kills its
 //   process with the timer's signal; a worker that dies of it is a failure
 //   whose cause names the scope. The agent is not signalled (torchrun's is).
+// - A spare (--spares) says so once. When its program parks in
+//   wait_for_slot, it starts its workers at once, without a rank; they
+//   take the world of the slot it is given (HandOver), with
+//   --recovery_timeout to do so, and one that exited meanwhile starts
+//   then. A parked worker's end is no failure.
 // - In-process recovery (--recovery=inprocess): a worker failure is
 //   reported as always, but the live workers are told that their round
 //   ends (EndRound) instead of being stopped. A restart, a lost or a new
@@ -137,8 +142,11 @@ struct StartWorkers {
 struct EndRound {
   int64_t round;
 };
-// In-process recovery: hands the live workers at `local_ranks` the world of
-// `assignment`.
+// A spare whose program parks in wait_for_slot: starts every local rank's
+// worker without a rank; the loop answers with OnWorkersStarted.
+struct ParkWorkers {};
+// In-process recovery, or a spare's parked workers: hands the live workers
+// at `local_ranks` the world of `assignment`.
 struct HandOver {
   v1::Assignment assignment;
   std::vector<int> local_ranks;
@@ -199,7 +207,8 @@ struct Record {
 using AgentEffect = std::variant<
     agent_effect::Say, agent_effect::Print, agent_effect::OpenSession,
     agent_effect::CancelSession, agent_effect::Send, agent_effect::SendRejoin,
-    agent_effect::StartWorkers, agent_effect::EndRound, agent_effect::HandOver,
+    agent_effect::StartWorkers, agent_effect::ParkWorkers,
+    agent_effect::EndRound, agent_effect::HandOver,
     agent_effect::SignalWorker, agent_effect::SignalWorkers,
     agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
     agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
@@ -218,6 +227,9 @@ struct AgentPolicyConfig {
   // The agent's environment sets OMP_NUM_THREADS (else workers get 1, said
   // once).
   bool omp_threads_set = false;
+  // The worker command parks in wait_for_slot (ParksForSlot): a spare
+  // starts its workers while it waits, and hands them its slot's world.
+  bool parks = false;
 };
 
 // How one worker's start went (OnWorkersStarted), by local rank.
@@ -432,6 +444,13 @@ class AgentPolicy {
   // long each part took.
   void TrackRecovery(const std::vector<ProgressSample>& samples, absl::Time now,
                      AgentEffects* effects);
+  // A spare's parked workers started (OnWorkersStarted while joining), and
+  // the slot's world handed to those still alive; `fresh` start anew.
+  void OnParked(const std::vector<WorkerStart>& started, absl::Time now,
+                AgentEffects* effects);
+  void Unpark(const v1::Assignment& a, const std::vector<int>& kept,
+              const std::vector<int>& fresh, absl::Time now,
+              AgentEffects* effects);
   // The workers of the new assignment run (those started, those kept).
   void WorkersUp(absl::Time now, AgentEffects* effects);
   bool inprocess() const {
@@ -464,8 +483,10 @@ class AgentPolicy {
 
   std::optional<v1::Assignment> assignment_;
   int64_t assignments_ = 0;  // ever received: 0 for a spare never admitted
-  // This node was told it waits as a spare (said once, until assigned).
+  // This node was told it waits as a spare (said once, until assigned);
+  // its workers were started parked (config_.parks).
   bool told_spare_ = false;
+  bool parked_ = false;
   std::vector<Worker> workers_;
   // What this round's last report said: RUNNING, SUCCEEDED or FAILED.
   v1::WorkerReport::State report_ = v1::WorkerReport::RUNNING;

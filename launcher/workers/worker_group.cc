@@ -69,16 +69,20 @@ WorkerGroup::StreamPlan WorkerGroup::PlanStream(int local_rank,
   return plan;
 }
 
-std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
-    int local_rank, int rank, int group_rank, int stream,
-    const std::string& dir) const {
+std::string WorkerGroup::Prefix(int local_rank, const std::string& rank,
+                                const std::string& group_rank) const {
   const auto& o = config_.options;
-  const std::string prefix = ExpandTemplate(
-      o.log_line_prefix_template, {{"host", config_.hostname},
-                                   {"rank", absl::StrCat(rank)},
-                                   {"local_rank", absl::StrCat(local_rank)},
-                                   {"group_rank", absl::StrCat(group_rank)},
-                                   {"role_name", o.role}});
+  return ExpandTemplate(o.log_line_prefix_template,
+                        {{"host", config_.hostname},
+                         {"rank", rank},
+                         {"local_rank", absl::StrCat(local_rank)},
+                         {"group_rank", group_rank},
+                         {"role_name", o.role}});
+}
+
+std::unique_ptr<WorkerOutput> WorkerGroup::MakeOutput(
+    int local_rank, const std::string& prefix, int stream,
+    const std::string& dir) const {
   const StreamPlan plan = PlanStream(local_rank, stream);
   int file = -1;
   if (plan.file) {
@@ -142,7 +146,25 @@ std::vector<WorkerStart> WorkerGroup::StartSome(
   return started;
 }
 
-WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr) {
+std::vector<WorkerStart> WorkerGroup::StartParked() {
+  const auto& o = config_.options;
+  workers_.clear();
+  attempt_dir_ = absl::StrCat(config_.run_dir, "/spare");
+  std::error_code ec;
+  std::filesystem::create_directories(attempt_dir_, ec);
+  // What a parked worker knows already; its world comes with its slot.
+  v1::Assignment none;
+  none.set_job_id(o.run_id);
+  none.set_max_restarts(o.max_restarts);
+  std::vector<WorkerStart> started;
+  for (int lr = 0; lr < o.local_world_size; ++lr) {
+    started.push_back(Spawn(none, lr, /*parked=*/true));
+    if (started.back().pid < 0) break;
+  }
+  return started;
+}
+
+WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr, bool parked) {
   const auto& o = config_.options;
   // Local rank 0 shares ctrun's process group when stdin is ctrun's
   // controlling terminal, so that it reads it (pdb, input()) as torchrun's
@@ -163,11 +185,19 @@ WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr) {
   if (!config_.progress.board.empty()) {
     AddProgressEnvironment(o, config_.progress, lr, StacksFile(lr), &env);
   }
-  if (o.recovery == Recovery::kInProcess) {
+  if (o.recovery == Recovery::kInProcess || parked) {
     // A replacement must not find the round its predecessor was told of.
     std::filesystem::remove(WorldFile(lr), ec);
-    env[env::kRecovery] = "inprocess";
+    if (o.recovery == Recovery::kInProcess) env[env::kRecovery] = "inprocess";
     env[env::kWorldFile] = WorldFile(lr);
+  }
+  if (parked) {
+    for (const auto& [key, value] : WorldVariables(o, a, lr)) {
+      if (key != env::kLocalRank && key != env::kLocalWorldSize) {
+        env.erase(key);
+      }
+    }
+    env[env::kSpare] = "1";
   }
   SpawnOptions spawn;
   spawn.own_group = !(share_terminal && lr == 0);
@@ -197,8 +227,11 @@ WorkerStart WorkerGroup::Spawn(const v1::Assignment& a, int lr) {
   w.pid = spawned->pid;
   w.own_group = spawn.own_group;
   w.alive = true;
-  w.out = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 1, dir);
-  w.err = MakeOutput(lr, rank, static_cast<int>(a.group_rank()), 2, dir);
+  const std::string prefix =
+      parked ? Prefix(lr, "spare", "spare")
+             : Prefix(lr, absl::StrCat(rank), absl::StrCat(a.group_rank()));
+  w.out = MakeOutput(lr, prefix, 1, dir);
+  w.err = MakeOutput(lr, prefix, 2, dir);
   workers_.push_back(std::move(w));
   AddPipe(spawned->stdout_fd, workers_.size() - 1, 1);
   AddPipe(spawned->stderr_fd, workers_.size() - 1, 2);
@@ -241,6 +274,14 @@ void WorkerGroup::HandOver(const v1::Assignment& a,
   first_global_rank_ = static_cast<int>(a.first_global_rank());
   for (int lr : local_ranks) {
     WriteWorldFile(lr, WorldFileText(config_.options, a, lr));
+    const std::string prefix =
+        Prefix(lr, absl::StrCat(first_global_rank_ + lr),
+               absl::StrCat(a.group_rank()));
+    for (Worker& w : workers_) {
+      if (!w.alive || w.local_rank != lr) continue;
+      w.out->set_prefix(prefix);
+      w.err->set_prefix(prefix);
+    }
   }
 }
 

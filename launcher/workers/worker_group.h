@@ -74,9 +74,15 @@ class WorkerGroup {
   // `assignment`'s round, beside the workers that still run.
   std::vector<WorkerStart> StartSome(const v1::Assignment& assignment,
                                      const std::vector<int>& local_ranks);
+  // A spare node (--spares) whose program parks in wait_for_slot: starts
+  // one worker per local rank without a rank (CTRUN_SPARE=1, no RANK,
+  // WORLD_SIZE, MASTER_*), its output under the run's spare/ folder; they
+  // take a slot's world when HandOver gives it.
+  std::vector<WorkerStart> StartParked();
   // In-process recovery, through each worker's world file
   // (worker_env.h): tells every live worker that `round` ends; hands the
-  // workers at `local_ranks` `assignment`'s world.
+  // workers at `local_ranks` `assignment`'s world (their output lines carry
+  // their new ranks from then on).
   void EndRound(int64_t round);
   void HandOver(const v1::Assignment& assignment,
                 const std::vector<int>& local_ranks);
@@ -140,8 +146,9 @@ class WorkerGroup {
   };
   static void AddToTail(Worker& w, absl::string_view bytes);
 
-  // Starts the worker at `lr` of `a`, in the attempt folder set.
-  WorkerStart Spawn(const v1::Assignment& a, int lr);
+  // Starts the worker at `lr` of `a`, in the attempt folder set; `parked`:
+  // without a rank (StartParked).
+  WorkerStart Spawn(const v1::Assignment& a, int lr, bool parked = false);
   std::string WorldFile(int local_rank) const;
   void WriteWorldFile(int local_rank, const std::string& text);
 
@@ -152,8 +159,12 @@ class WorkerGroup {
   // Reads up to `budget` bytes of `fd` (all there is when 0).
   void Read(int fd, size_t budget, absl::Time now);
   void ClosePipe(int fd);
-  std::unique_ptr<WorkerOutput> MakeOutput(int local_rank, int rank,
-                                           int group_rank, int stream,
+  // The line prefix (--log_line_prefix_template) of a worker.
+  std::string Prefix(int local_rank, const std::string& rank,
+                     const std::string& group_rank) const;
+  std::unique_ptr<WorkerOutput> MakeOutput(int local_rank,
+                                           const std::string& prefix,
+                                           int stream,
                                            const std::string& dir) const;
 
   // Constant after construction.

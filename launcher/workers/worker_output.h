@@ -46,6 +46,8 @@ class WorkerOutput {
   void Append(absl::string_view bytes, absl::Time now);
   // Shows what is left without a newline (the stream ended).
   void Finish();
+  // Lines from now on carry `prefix` (a worker that took a new rank).
+  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
 
   // A line without its newline yet (a prompt, a progress bar) is shown as
   // far as it goes once the worker has been quiet this long; the rest

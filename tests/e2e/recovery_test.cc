@@ -310,6 +310,14 @@ TEST_CASE(
       "this node is a spare of job 'spares' (its 3 nodes run): it holds no "
       "rank and takes the slot of a node that is lost",
       kWait));
+  // The script calls ctrun.wait_for_slot(): its worker starts now, parked
+  // without a rank.
+  const std::optional<std::string> parked =
+      spare->WaitForLine("parked pid=", kWait);
+  REQUIRE(parked);
+  std::smatch parked_pid;
+  REQUIRE(std::regex_search(*parked, parked_pid,
+                            std::regex("parked pid=([0-9]+) rank=none")));
   {
     const std::string shown = StatusShowing(daemon, "spares", " spare ");
     INFO(shown);
@@ -330,8 +338,11 @@ TEST_CASE(
   REQUIRE(e.size() == 1);
   CHECK(e[0].rank == 1);
   CHECK(e[0].world == 3);
+  CHECK(e[0].pid == std::stoi(parked_pid[1]));  // the parked process
   CHECK(spare->StderrContains(
       "this spare takes group rank 1, the slot of", absl::Seconds(1)));
+  CHECK(spare->StderrContains("its parked worker takes rank 1",
+                              absl::Seconds(1)));
   // Every other node keeps its rank in the new round.
   for (int rank : {0, 2}) {
     auto again = by_rank[rank]->WaitForLine("enter rank=", kWait);

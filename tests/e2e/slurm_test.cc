@@ -223,6 +223,41 @@ TEST_CASE(
   CHECK(CountMatches(shown.str(), " active ") == 2);
 }
 
+TEST_CASE("srun on N+1 nodes with --spares=1 runs N and keeps the last spare",
+          "[slurm][e2e][spares]") {
+  // (Two test nodes: the spare cannot be shown taking a slot here, since
+  // the one active node also hosts the step's rendezvous; the promotion
+  // itself is tested with a ctrund, in recovery_test.cc.)
+  SlurmCluster cluster;
+  const std::string out = OutDir(cluster, "spares");
+  const std::string body = absl::StrCat(
+      SrunCtrunWorker("--nproc_per_node=1 --spares=1",
+                      absl::StrCat("env ", out, " ", Worker(), " wait ", out)),
+      " &\n", "i=0\nwhile [ $i -lt 600 ] && ! [ -e ", out,
+      "/ready.0 ]; do sleep 0.1; i=$((i + 1)); done\n", CtrunPath(),
+      " status > ", out, "/status.txt 2>&1\ntouch ", out, "/go\nwait\n");
+  auto job = cluster.Submit("spares", Script({"-N 2", "-t 5"}, body));
+  const auto code = cluster.Wait(job, kJobTime);
+  const std::string output = cluster.Output(job);
+  INFO(output);
+  CHECK(code == 0);
+  std::stringstream shown;
+  shown << std::ifstream(out + "/status.txt").rdbuf();
+  INFO(shown.str());
+  CHECK(shown.str().find("(min 1, max 1, spares 1)  world 1") !=
+        std::string::npos);
+  CHECK(CountMatches(shown.str(), " active ") == 1);
+  CHECK(CountMatches(shown.str(), " spare ") == 1);
+  CHECK(output.find("this node is a spare of job 'slurm-" + job.id +
+                    ".0' (its 1 node runs)") != std::string::npos);
+  CHECK(output.find("the job finished without this node") !=
+        std::string::npos);
+  const auto env = ReadEnvFile(out + "/env.0");
+  CHECK(env.at("WORLD_SIZE") == "1");
+  CHECK(env.at("GROUP_RANK") == "0");
+  CHECK_FALSE(std::filesystem::exists(out + "/env.1"));
+}
+
 TEST_CASE("A failing worker's exit code is the Slurm job's exit code",
           "[slurm][e2e]") {
   SlurmCluster cluster;

@@ -1,6 +1,8 @@
 // libctrun_worker in real workers under the real ctrun: the store
 // contract, the NCCL unique-id exchange (on CPU), Gloo all-reduce, and the
 // train example with and without an interruption.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -189,6 +191,50 @@ TEST_CASE(
   REQUIRE(b.size() == 1);
   CHECK(*a.begin() == *b.begin());
   std::filesystem::remove_all(base);
+}
+
+TEST_CASE(
+    "A spare's C++ workers park in WaitForSlot and take the lost node's rank",
+    "[worker][integration][spares]") {
+  Daemon daemon;
+  auto node = [&](int n) {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=1",
+        "--nproc_per_node=2", "--spares=1", "--rdzv_backend=c10d",
+        "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=park",
+        WorkerProbePath(), "park", "30"});
+  };
+  auto active = node(2);
+  REQUIRE(active->WaitForLine("slot rank=1 world=2", kWait));
+  auto spare = node(3);
+  std::set<std::string> parked;
+  for (int i = 0; i < 2; ++i) {
+    auto line = spare->WaitForLine("parked pid=", kWait);
+    REQUIRE(line);
+    std::smatch m;
+    REQUIRE(std::regex_search(*line, m,
+                              std::regex("parked pid=([0-9]+) rank=none")));
+    parked.insert(m[1]);
+  }
+  ::kill(active->pid(), SIGKILL);
+  CHECK(active->Wait(kWait) == 128 + SIGKILL);
+  std::set<std::string> took;
+  for (int i = 0; i < 2; ++i) {
+    auto line = spare->WaitForLine("slot rank=", kWait);
+    REQUIRE(line);
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        *line, m, std::regex("\\[[^:]+:([01])\\]: slot rank=([01]) world=2 "
+                             "pid=([0-9]+)")));
+    CHECK(m[1] == m[2]);  // the line carries the rank taken
+    took.insert(m[3]);
+  }
+  CHECK(took == parked);  // the parked processes themselves
+  INFO(spare->Stderr());
+  CHECK(spare->StderrContains("its parked workers take ranks 0,1",
+                              absl::Seconds(1)));
+  spare->Signal(SIGTERM);
+  CHECK(spare->Wait(kWait) == 128 + SIGTERM);
 }
 
 }  // namespace

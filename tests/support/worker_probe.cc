@@ -247,6 +247,16 @@ int Resilient(int steps) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "park" && argc == 3) {
+    // A spare's worker: parked without a rank until its node has a slot.
+    const char* spare = std::getenv("CTRUN_SPARE");
+    if (spare != nullptr && std::string(spare) == "1") {
+      std::printf("parked pid=%d rank=%s\n", getpid(),
+                  std::getenv("RANK") == nullptr ? "none" : "set");
+      std::fflush(stdout);
+    }
+    ctrun::WaitForSlot();
+  }
   auto id = ctrun::WorkerIdentity::FromEnvironment();
   if (!id.ok()) {
     std::fprintf(stderr, "worker_probe: %s\n", id.status().ToString().c_str());
@@ -262,6 +272,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "resilient" && argc == 3) return Resilient(std::atoi(argv[2]));
+  if (mode == "park" && argc == 3) {
+    std::printf("slot rank=%d world=%d pid=%d\n", id->rank, id->world_size,
+                getpid());
+    std::fflush(stdout);
+    absl::SleepFor(absl::Seconds(std::atoi(argv[2])));
+    return 0;
+  }
   if (mode == "steps" && argc == 4) {
     return Steps(*id, std::atoi(argv[2]), std::atoi(argv[3]));
   }
@@ -288,5 +305,5 @@ int main(int argc, char** argv) {
 #endif
   return Fail(
       "usage: worker_probe identity|store|nccl-id [BYTES]|gloo|"
-      "gpu-share same|own");
+      "gpu-share same|own|park SECONDS");
 }

@@ -21,7 +21,8 @@ Options:
                      the old way resumes from it)
 
 Prints, per (re)entry: "enter rank=R pid=P round=K world=W step=S"; at the
-end: "final rank=R pid=P world=W sum=X".
+end: "final rank=R pid=P world=W sum=X". On a spare node (ctrun --spares)
+it parks in ctrun.wait_for_slot() first, saying "parked pid=P".
 """
 
 import argparse
@@ -107,6 +108,10 @@ def train():
     return dist.get_world_size()
 
 
+if os.environ.get("CTRUN_SPARE") == "1":
+    print(f"parked pid={os.getpid()} rank={os.environ.get('RANK', 'none')}",
+          flush=True)
+ctrun.wait_for_slot()
 dist.init_process_group("gloo")
 world = train()
 print(

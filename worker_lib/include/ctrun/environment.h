@@ -62,9 +62,12 @@ inline constexpr char kStacksFile[] = "CTRUN_STACKS_FILE";
 inline constexpr char kProgressOwner[] = "CTRUN_PROGRESS_PID";
 // In-process recovery (--recovery=inprocess): "inprocess" in the first; the
 // second names the file where the agent hands the worker each new world
-// (launcher/options/world_file.h has its format).
+// (launcher/options/worker_env.h has its format).
 inline constexpr char kRecovery[] = "CTRUN_RECOVERY";
 inline constexpr char kWorldFile[] = "CTRUN_WORLD_FILE";
+// "1" in a spare node's worker started before its node has a slot: it has
+// no rank yet, and takes one in WaitForSlot / ctrun.wait_for_slot().
+inline constexpr char kSpare[] = "CTRUN_SPARE";
 // ctrun's Python module is appended here (never replacing the user's).
 inline constexpr char kPythonPath[] = "PYTHONPATH";
 // torchrun's file timers: the agent serves the FIFO when the first is 1, and

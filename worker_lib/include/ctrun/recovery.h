@@ -46,6 +46,16 @@ namespace ctrun {
 // place by Reform(); 0 outside ctrun.
 int Round();
 
+// On a spare node (ctrun --spares), ctrun starts the workers of a program
+// that calls this before its node has a slot: they park here, without a
+// rank, until the node takes a lost node's slot, and then return with the
+// slot's identity (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) in the
+// environment, where WorkerIdentity::FromEnvironment finds it. Call it
+// before reading the identity and after the work that needs none (loading
+// the model, the data). Returns at once in every other worker, and outside
+// ctrun. ctrun knows that a program parks by this function's name in it.
+void WaitForSlot();
+
 // What the communicators below share: the worker's identity and store in
 // the current round, and the passage to the next one.
 class ResilientWorld {

@@ -43,6 +43,7 @@ __all__ = [
     "resilient",
     "round",
     "RoundChanged",
+    "wait_for_slot",
 ]
 
 _MAGIC = b"CTRUNPB2"
@@ -233,3 +234,30 @@ except Exception:  # a worker must never fail because of its progress signals
     _forget()
 
 from ._recovery import RoundChanged, resilient, round  # noqa: E402
+
+
+def wait_for_slot():
+    """On a spare node (ctrun --spares), ctrun starts the workers of a script
+    that calls this before its node has a slot: they park here, without a
+    rank, until the node takes a lost node's slot, and return with the
+    slot's identity (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) in
+    os.environ, ready for init_process_group. Call it after the work that
+    needs no rank (imports, loading the model and the data). Returns at once
+    in every other worker, and outside ctrun. ctrun knows that a script
+    parks by this function's name in it."""
+    path = os.environ.get("CTRUN_WORLD_FILE")
+    if os.environ.get("CTRUN_SPARE") != "1" or not path:
+        return
+    from ._recovery import _POLL, _read_world
+
+    while True:
+        world = _read_world(path)
+        if world is not None and world["CTRUN_ROUND_STATE"] == "ready":
+            break
+        time.sleep(_POLL)
+    for key, value in world.items():
+        if not key.startswith("CTRUN_ROUND"):
+            os.environ[key] = value
+    os.environ["CTRUN_SPARE"] = "0"
+    _mark_round(0, world["CTRUN_ROUND"])
+

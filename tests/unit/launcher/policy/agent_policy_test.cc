@@ -31,13 +31,15 @@ LaunchOptions Options(int workers = 2) {
 // input.
 class Harness {
  public:
-  explicit Harness(LaunchOptions options = Options())
-      : workers_(options.local_world_size), policy_(Config(options)) {
+  // `parks`: the workers' program parks in wait_for_slot.
+  explicit Harness(LaunchOptions options = Options(), bool parks = false)
+      : workers_(options.local_world_size), policy_(Config(options, parks)) {
     policy_.Start(now_, &effects_);
   }
 
-  static AgentPolicyConfig Config(LaunchOptions options) {
+  static AgentPolicyConfig Config(LaunchOptions options, bool parks = false) {
     AgentPolicyConfig c;
+    c.parks = parks;
     c.options = std::move(options);
     c.hostname = "node-a";
     c.endpoint = "10.0.0.1:29400";
@@ -476,6 +478,56 @@ TEST_CASE("A spare says so at once, and which slot it takes",
     }
   }
   CHECK(recorded);
+}
+
+TEST_CASE("A spare parks its workers and hands them its slot's world",
+          "[agent][unit][spares]") {
+  v1::ServerMessage full = Progress();
+  full.mutable_progress()->set_waiting_for_slot(true);
+  full.mutable_progress()->set_spare(true);
+  v1::ServerMessage slot;
+  auto* a = slot.mutable_assignment();
+  a->set_round(1);
+  a->set_group_rank(1);
+  a->set_first_global_rank(2);
+  a->set_world_size(4);
+  a->set_took_slot_of("b:4242");
+
+  Harness h(Options(), /*parks=*/true);
+  h.Message(full);
+  REQUIRE(h.Has<e::ParkWorkers>());
+  CHECK(h.Said("its workers start now and wait in wait_for_slot() for a slot"));
+  h.Started({0, 1});
+  CHECK(h.policy().live_workers() == 2);
+  CHECK(h.policy().phase() == Phase::kJoining);
+  // One dies while parked: no failure, it starts with the slot.
+  h.Exit(1, 3);
+  CHECK(h.Said("a parked worker (local rank 1, pid 201) ended (exit code 3) "
+               "before this spare took a slot; it starts afresh when the "
+               "spare does"));
+  CHECK_FALSE(h.Has<e::Send>());
+  h.Message(slot);
+  REQUIRE(h.Has<e::HandOver>());
+  CHECK(h.Get<e::HandOver>().local_ranks == std::vector<int>{0});
+  REQUIRE(h.Has<e::StartWorkers>());
+  CHECK(h.Get<e::StartWorkers>().local_ranks == std::vector<int>{1});
+  CHECK(h.Said("its parked worker takes rank 2"));
+  CHECK(h.policy().phase() == Phase::kRunning);
+
+  // Without parking, nothing starts before the slot.
+  Harness cold(Options(), /*parks=*/false);
+  cold.Message(full);
+  CHECK_FALSE(cold.Has<e::ParkWorkers>());
+
+  // A spare stopped while parked stops its workers, and that is no failure.
+  Harness stopped(Options(), /*parks=*/true);
+  stopped.Message(full);
+  stopped.Started({0, 1});
+  stopped.Signal(SIGTERM);
+  REQUIRE(stopped.Has<e::SignalWorkers>());
+  stopped.Exit(0, 0, SIGTERM);
+  stopped.Exit(1, 0, SIGTERM);
+  CHECK(stopped.ExitCode() == 128 + SIGTERM);
 }
 
 TEST_CASE("A session broken while collecting joins again and the job goes on",
