@@ -62,8 +62,7 @@ AgentPolicyConfig PolicyConfig(const AgentConfig& c) {
   p.endpoint = c.connection.endpoint();
   p.omp_threads_set = c.workers.env.contains(env::kOmpNumThreads);
   // Read only where it matters: a node that may wait as a spare.
-  p.parks = c.workers.options.spares > 0 &&
-            ParksForSlot(c.workers.worker_argv);
+  p.parks = c.workers.options.spares > 0 && ParksForSlot(c.workers.worker_argv);
   return p;
 }
 
@@ -223,9 +222,9 @@ void Agent::SetupTemplate(WorkerGroupConfig& group) {
   const LaunchOptions& o = group.options;
   const std::vector<std::string>& argv = group.worker_argv;
   const bool python = argv.size() > 2 && argv[1] == "-u";
-  const bool asked = o.preload ? !o.preload->empty()
-                               : o.recovery == Recovery::kInProcess ||
-                                     o.spares > 0;
+  const bool asked = o.preload
+                         ? !o.preload->empty()
+                         : o.recovery == Recovery::kInProcess || o.spares > 0;
   if (!python || !asked || agent_dir_.empty()) return;
   TemplateConfig t;
   t.python = {argv[0], argv[1]};
@@ -234,10 +233,10 @@ void Agent::SetupTemplate(WorkerGroupConfig& group) {
   // The loop waits with a start: it must not miss its heartbeats (one is
   // due every keep-alive interval; the rendezvous loses a node silent for
   // the heartbeat timeout).
-  t.wait_ms = static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(o.heartbeat_timeout -
-                                2 * o.keep_alive_interval),
-      0, TemplateSpawner::kReadyWithinMs));
+  t.wait_ms = static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(o.heartbeat_timeout -
+                                                    2 * o.keep_alive_interval),
+                          0, TemplateSpawner::kReadyWithinMs));
   t.optional = !o.preload;
   // What every worker's environment shares: the agent's, with ctrun's
   // module on the path (modules imported here see this one).

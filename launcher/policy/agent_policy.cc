@@ -498,14 +498,13 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   }
   if (!a.took_slot_of().empty()) {
     const int32_t last = a.first_global_rank() + o.local_world_size - 1;
-    Tell(absl::StrCat("this spare takes group rank ", a.group_rank(),
-                      ", the slot of ", a.took_slot_of(),
-                      ", which was lost: ",
-                      last > a.first_global_rank()
-                          ? absl::StrCat("ranks ", a.first_global_rank(), "..",
-                                         last)
-                          : absl::StrCat("rank ", last),
-                      " of ", a.world_size()),
+    Tell(absl::StrCat(
+             "this spare takes group rank ", a.group_rank(), ", the slot of ",
+             a.took_slot_of(), ", which was lost: ",
+             last > a.first_global_rank()
+                 ? absl::StrCat("ranks ", a.first_global_rank(), "..", last)
+                 : absl::StrCat("rank ", last),
+             " of ", a.world_size()),
          effects);
     Record("slot_taken", effects)
         .set_detail(absl::StrCat("the slot of ", a.took_slot_of()));
@@ -517,7 +516,8 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
                       a.restart_count(), "/", a.max_restarts(), ")"),
          effects);
   }
-  if (std::exchange(parked_, false)) return Unpark(a, kept, fresh, now, effects);
+  if (std::exchange(parked_, false))
+    return Unpark(a, kept, fresh, now, effects);
   if (kept.empty()) {
     recovering_.reset();
     effects->push_back(StartWorkers{a, {}});
@@ -547,7 +547,8 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
 
 void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
                                    absl::Time now, AgentEffects* effects) {
-  if (phase_ == Phase::kJoining && parked_) return OnParked(started, now, effects);
+  if (phase_ == Phase::kJoining && parked_)
+    return OnParked(started, now, effects);
   if (phase_ != Phase::kRunning) return;
   for (const WorkerStart& s : started) {
     if (s.local_rank < 0 || s.local_rank >= static_cast<int>(workers_.size())) {
@@ -593,7 +594,8 @@ void AgentPolicy::OnParked(const std::vector<WorkerStart>& started,
     if (s.pid <= 0) {
       // It starts with the slot instead, cold or warm as any start.
       Tell(absl::StrCat("cannot park the worker of local rank ", s.local_rank,
-                        ": ", s.error, "; it starts when this spare takes a "
+                        ": ", s.error,
+                        "; it starts when this spare takes a "
                         "slot"),
            effects);
       continue;
@@ -614,7 +616,8 @@ void AgentPolicy::Unpark(const v1::Assignment& a, const std::vector<int>& kept,
                          AgentEffects* effects) {
   recovering_.reset();
   if (!kept.empty()) {
-    Tell(absl::StrCat("its parked ", kept.size() == 1 ? "worker takes " : "workers take ",
+    Tell(absl::StrCat("its parked ",
+                      kept.size() == 1 ? "worker takes " : "workers take ",
                       Ranks(kept)),
          effects);
     Record("workers_unparked", effects).set_detail(Ranks(kept, true));

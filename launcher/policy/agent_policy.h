@@ -208,13 +208,12 @@ using AgentEffect = std::variant<
     agent_effect::Say, agent_effect::Print, agent_effect::OpenSession,
     agent_effect::CancelSession, agent_effect::Send, agent_effect::SendRejoin,
     agent_effect::StartWorkers, agent_effect::ParkWorkers,
-    agent_effect::EndRound, agent_effect::HandOver,
-    agent_effect::SignalWorker, agent_effect::SignalWorkers,
-    agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
-    agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
-    agent_effect::ReadProgress, agent_effect::CollectEvidence,
-    agent_effect::EndEvidence, agent_effect::KillTimedOut, agent_effect::Exit,
-    agent_effect::Record>;
+    agent_effect::EndRound, agent_effect::HandOver, agent_effect::SignalWorker,
+    agent_effect::SignalWorkers, agent_effect::AbandonWorkers,
+    agent_effect::CollectWorkers, agent_effect::SuspendAgent,
+    agent_effect::ProbeRendezvous, agent_effect::ReadProgress,
+    agent_effect::CollectEvidence, agent_effect::EndEvidence,
+    agent_effect::KillTimedOut, agent_effect::Exit, agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 // "SIGTERM", or "signal N" for a number with no name.

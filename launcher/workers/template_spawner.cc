@@ -1,12 +1,12 @@
 #include "launcher/workers/template_spawner.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -93,17 +93,16 @@ bool TemplateSpawner::Ready() {
   bool gone = false;
   const int64_t left_ms =
       kReadyWithinMs - absl::ToInt64Milliseconds(absl::Now() - started_);
-  const int wait_ms = static_cast<int>(
-      std::clamp<int64_t>(std::min<int64_t>(config_.wait_ms, left_ms), 0,
-                          kReadyWithinMs));
+  const int wait_ms = static_cast<int>(std::clamp<int64_t>(
+      std::min<int64_t>(config_.wait_ms, left_ms), 0, kReadyWithinMs));
   const std::string said = Receive(socket_, wait_ms, &gone);
   if (said.empty() && !gone && wait_ms < left_ms) {
     if (!said_importing_ && config_.say) {
       said_importing_ = true;
-      config_.say(absl::StrCat(
-          "the template interpreter is still importing after ",
-          absl::ToInt64Seconds(absl::Now() - started_),
-          "s; workers start cold until it is ready, then warm"));
+      config_.say(
+          absl::StrCat("the template interpreter is still importing after ",
+                       absl::ToInt64Seconds(absl::Now() - started_),
+                       "s; workers start cold until it is ready, then warm"));
     }
   } else if (said.empty() && !gone) {
     TurnOff(absl::StrCat("the template interpreter's imports took over ",

@@ -274,9 +274,8 @@ void WorkerGroup::HandOver(const v1::Assignment& a,
   first_global_rank_ = static_cast<int>(a.first_global_rank());
   for (int lr : local_ranks) {
     WriteWorldFile(lr, WorldFileText(config_.options, a, lr));
-    const std::string prefix =
-        Prefix(lr, absl::StrCat(first_global_rank_ + lr),
-               absl::StrCat(a.group_rank()));
+    const std::string prefix = Prefix(lr, absl::StrCat(first_global_rank_ + lr),
+                                      absl::StrCat(a.group_rank()));
     for (Worker& w : workers_) {
       if (!w.alive || w.local_rank != lr) continue;
       w.out->set_prefix(prefix);

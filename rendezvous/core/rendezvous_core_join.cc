@@ -119,7 +119,8 @@ void RendezvousCore::AdmitNode(Job& job, SessionId session,
                                const v1::Join& join, absl::Time now,
                                Effects* effects) {
   v1::Join admitted = join;
-  if (join.node_rank_hint() >= 0 && job.by_hint.contains(join.node_rank_hint())) {
+  if (join.node_rank_hint() >= 0 &&
+      job.by_hint.contains(join.node_rank_hint())) {
     // A member lost and back (CheckRoomFor allowed it): the spare that took
     // its slot holds its rank hint now, so it comes in without one.
     admitted.set_node_rank_hint(-1);
@@ -505,9 +506,10 @@ void RendezvousCore::GiveSlotToSpare(Job& job, const Node& lost, int32_t slot,
   e.set_group_rank(slot);
   std::string detail = absl::StrCat("takes the slot of ", lost.Name());
   if (!segment.empty()) {
-    absl::StrAppend(&detail, spare->join.segment() == segment
-                                 ? " in its segment "
-                                 : ", no spare waits in its segment ",
+    absl::StrAppend(&detail,
+                    spare->join.segment() == segment
+                        ? " in its segment "
+                        : ", no spare waits in its segment ",
                     segment);
   }
   e.set_detail(detail);

@@ -683,9 +683,8 @@ ServiceMetrics::Holding Impl::HoldingLocked() const {
   for (const auto* name : {"collecting", "running", "finished", "failed"}) {
     h.jobs[name] = 0;
   }
-  for (const auto* name :
-       {"joined", "pending_rejoin", "active", "succeeded", "waiting",
-        "spare"}) {
+  for (const auto* name : {"joined", "pending_rejoin", "active", "succeeded",
+                           "waiting", "spare"}) {
     h.nodes[name] = 0;
   }
   int in_job = 0, resuming = 0;

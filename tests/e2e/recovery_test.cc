@@ -285,11 +285,11 @@ TEST_CASE(
   auto node = [&](int n) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{
-            CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
-            "--nnodes=3", "--nproc_per_node=1", "--spares=1",
-            "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
-            "--rdzv_id=spares", "--max_restarts=2", Script(), "--steps",
-            absl::StrCat(kSteps), "--checkpoint", checkpoint},
+            CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=3",
+            "--nproc_per_node=1", "--spares=1", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=spares",
+            "--max_restarts=2", Script(), "--steps", absl::StrCat(kSteps),
+            "--checkpoint", checkpoint},
         std::vector{kPython});
   };
   std::vector<std::unique_ptr<ChildProcess>> active;
@@ -326,7 +326,8 @@ TEST_CASE(
                                               "+[0-9]+ +spare ")));
     auto metrics = HttpGet("127.0.0.1", *metrics_port, "/metrics");
     REQUIRE(metrics.ok());
-    CHECK(metrics->find("ctrund_nodes{state=\"spare\"} 1") != std::string::npos);
+    CHECK(metrics->find("ctrund_nodes{state=\"spare\"} 1") !=
+          std::string::npos);
   }
   ChildProcess* victim = by_rank[1];
   ::kill(victim->pid(), SIGKILL);  // the agent; its watchdog ends its worker
@@ -339,8 +340,8 @@ TEST_CASE(
   CHECK(e[0].rank == 1);
   CHECK(e[0].world == 3);
   CHECK(e[0].pid == std::stoi(parked_pid[1]));  // the parked process
-  CHECK(spare->StderrContains(
-      "this spare takes group rank 1, the slot of", absl::Seconds(1)));
+  CHECK(spare->StderrContains("this spare takes group rank 1, the slot of",
+                              absl::Seconds(1)));
   CHECK(spare->StderrContains("its parked worker takes rank 1",
                               absl::Seconds(1)));
   // Every other node keeps its rank in the new round.
@@ -372,8 +373,8 @@ TEST_CASE(
     Finals(rest, &sums);
   }
   std::filesystem::remove(checkpoint);
-  CHECK(sums == std::set<std::string>{
-                    absl::StrFormat("%.1f", ExpectedSum(kSteps, 3))});
+  CHECK(sums ==
+        std::set<std::string>{absl::StrFormat("%.1f", ExpectedSum(kSteps, 3))});
 }
 
 }  // namespace

@@ -250,8 +250,7 @@ TEST_CASE("srun on N+1 nodes with --spares=1 runs N and keeps the last spare",
   CHECK(CountMatches(shown.str(), " spare ") == 1);
   CHECK(output.find("this node is a spare of job 'slurm-" + job.id +
                     ".0' (its 1 node runs)") != std::string::npos);
-  CHECK(output.find("the job finished without this node") !=
-        std::string::npos);
+  CHECK(output.find("the job finished without this node") != std::string::npos);
   const auto env = ReadEnvFile(out + "/env.0");
   CHECK(env.at("WORLD_SIZE") == "1");
   CHECK(env.at("GROUP_RANK") == "0");

@@ -224,8 +224,9 @@ TEST_CASE(
     REQUIRE(line);
     std::smatch m;
     REQUIRE(std::regex_search(
-        *line, m, std::regex("\\[[^:]+:([01])\\]: slot rank=([01]) world=2 "
-                             "pid=([0-9]+)")));
+        *line, m,
+        std::regex("\\[[^:]+:([01])\\]: slot rank=([01]) world=2 "
+                   "pid=([0-9]+)")));
     CHECK(m[1] == m[2]);  // the line carries the rank taken
     took.insert(m[3]);
   }

@@ -93,9 +93,9 @@ TEST_CASE("In-process recovery is opt-in, by flag or PET_RECOVERY",
 
 TEST_CASE("Spares and segments, by flag or PET_, need a rendezvous",
           "[launcher][unit][spares]") {
-  auto c = Parse({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:29400",
-                  "--rdzv_backend=c10d", "--spares=1", "--segment=rack-2",
-                  "t"});
+  auto c =
+      Parse({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:29400",
+             "--rdzv_backend=c10d", "--spares=1", "--segment=rack-2", "t"});
   REQUIRE(c.ok());
   CHECK(c->options.spares == 1);
   CHECK(c->options.segment == "rack-2");

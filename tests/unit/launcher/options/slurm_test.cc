@@ -74,8 +74,8 @@ TEST_CASE("A step on N+K nodes with --spares=K runs N and keeps K spare",
   CHECK(c->options.node_rank == 2);  // ranks after the others: a spare
   CHECK(c->options.rdzv_backend == "c10d");
   // An explicit --nnodes wins; spares that leave nothing to run are named.
-  auto fixed = ParseCommandLine({"--nnodes=3", "--spares=1", "t"}, three,
-                                kCpuHost);
+  auto fixed =
+      ParseCommandLine({"--nnodes=3", "--spares=1", "t"}, three, kCpuHost);
   REQUIRE(fixed.ok());
   CHECK(fixed->options.max_nodes == 3);
   auto all = ParseCommandLine({"--spares=3", "t"}, three, kCpuHost);

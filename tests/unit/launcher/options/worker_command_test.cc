@@ -99,9 +99,8 @@ TEST_CASE("Entrypoints resolve like torchrun's", "[launcher][unit]") {
 
 TEST_CASE("A program parks when it names wait_for_slot",
           "[launcher][unit][spares]") {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      ("ctrun-parks-" + std::to_string(getpid()));
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("ctrun-parks-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir / name, std::ios::binary) << text;
@@ -115,9 +114,9 @@ TEST_CASE("A program parks when it names wait_for_slot",
   CHECK_FALSE(ParksForSlot({"/usr/bin/python3", "-u", "-m", "parks"}));
   // A binary: the C++ function's symbol, even across a chunk's end, or the
   // mark of a stripped static link; not the Python name.
-  const std::string across = write(
-      "across", std::string((size_t{1} << 20) - 7, '\0') +
-                    "_ZN5ctrun11WaitForSlotEv" + std::string(100, '\0'));
+  const std::string across =
+      write("across", std::string((size_t{1} << 20) - 7, '\0') +
+                          "_ZN5ctrun11WaitForSlotEv" + std::string(100, '\0'));
   CHECK(ParksForSlot({across, "park"}));
   CHECK(ParksForSlot({write("stripped", "..ctrun::WaitForSlot parks here..")}));
   CHECK_FALSE(ParksForSlot({write("python-name", "wait_for_slot")}));

@@ -444,12 +444,14 @@ TEST_CASE("A spare says so at once, and which slot it takes",
   full.mutable_progress()->set_spare(true);
   full.mutable_progress()->set_max_nodes(3);
   h.Message(full);
-  CHECK(h.Said("this node is a spare of job 'train' (its 3 nodes run): it "
-               "holds no rank and takes the slot of a node that is lost"));
+  CHECK(
+      h.Said("this node is a spare of job 'train' (its 3 nodes run): it "
+             "holds no rank and takes the slot of a node that is lost"));
   h.Message(full);
-  CHECK_FALSE(h.Said("this node is a spare of job 'train' (its 3 nodes run): "
-                     "it holds no rank and takes the slot of a node that is "
-                     "lost"));
+  CHECK_FALSE(
+      h.Said("this node is a spare of job 'train' (its 3 nodes run): "
+             "it holds no rank and takes the slot of a node that is "
+             "lost"));
   v1::ServerMessage m;
   auto* a = m.mutable_assignment();
   a->set_round(1);
@@ -459,8 +461,9 @@ TEST_CASE("A spare says so at once, and which slot it takes",
   a->set_took_slot_of("b:4242");
   h.Message(m);
   REQUIRE(h.Has<e::StartWorkers>());
-  CHECK(h.Said("this spare takes group rank 1, the slot of b:4242, which was "
-               "lost: ranks 2..3 of 6"));
+  CHECK(
+      h.Said("this spare takes group rank 1, the slot of b:4242, which was "
+             "lost: ranks 2..3 of 6"));
   // Its own progress counts the nodes not back yet without naming them.
   Harness counted;
   v1::ServerMessage back = Progress();
@@ -468,8 +471,9 @@ TEST_CASE("A spare says so at once, and which slot it takes",
   back.mutable_progress()->set_pending_count(2);
   counted.Message(back);
   counted.Advance(AgentPolicy::kProgressQuietFor);
-  CHECK(counted.Said("waiting for 1 more node at 10.0.0.1:29400 (1/2 joined; "
-                     "round 1; 2 nodes not back yet; join timeout in "));
+  CHECK(
+      counted.Said("waiting for 1 more node at 10.0.0.1:29400 (1/2 joined; "
+                   "round 1; 2 nodes not back yet; join timeout in "));
   bool recorded = false;
   for (const auto& effect : h.effects()) {
     if (auto* r = std::get_if<e::Record>(&effect);
@@ -502,9 +506,10 @@ TEST_CASE("A spare parks its workers and hands them its slot's world",
   CHECK(h.policy().phase() == Phase::kJoining);
   // One dies while parked: no failure, it starts with the slot.
   h.Exit(1, 3);
-  CHECK(h.Said("a parked worker (local rank 1, pid 201) ended (exit code 3) "
-               "before this spare took a slot; it starts afresh when the "
-               "spare does"));
+  CHECK(
+      h.Said("a parked worker (local rank 1, pid 201) ended (exit code 3) "
+             "before this spare took a slot; it starts afresh when the "
+             "spare does"));
   CHECK_FALSE(h.Has<e::Send>());
   h.Message(slot);
   REQUIRE(h.Has<e::HandOver>());

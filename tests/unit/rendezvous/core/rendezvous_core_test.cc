@@ -807,9 +807,9 @@ TEST_CASE("A spare waits without a rank and takes a lost node's slot",
     CHECK(now->first_global_rank() == before[s].first_global_rank());
     CHECK(now->took_slot_of().empty());
   }
-  const auto promoted =
-      std::find_if(h.events().begin(), h.events().end(),
-                   [](const v1::Event& e) { return e.event() == "spare_promoted"; });
+  const auto promoted = std::find_if(
+      h.events().begin(), h.events().end(),
+      [](const v1::Event& e) { return e.event() == "spare_promoted"; });
   REQUIRE(promoted != h.events().end());
   CHECK(promoted->node() == "spare:1009");
   CHECK(promoted->group_rank() == lost_rank);
@@ -881,9 +881,9 @@ TEST_CASE("Without a spare of its segment any spare takes the slot",
   CHECK(chosen->group_rank() == 0);
   CHECK(chosen->master_addr() == "10.0.0.7");
   CHECK(h.LastAssignment(2)->group_rank() == 1);
-  const auto promoted =
-      std::find_if(h.events().begin(), h.events().end(),
-                   [](const v1::Event& e) { return e.event() == "spare_promoted"; });
+  const auto promoted = std::find_if(
+      h.events().begin(), h.events().end(),
+      [](const v1::Event& e) { return e.event() == "spare_promoted"; });
   REQUIRE(promoted != h.events().end());
   CHECK(promoted->detail() ==
         "takes the slot of a:1001, no spare waits in its segment rack-1");
