@@ -208,7 +208,7 @@ class RendezvousCore {
   // A spare takes `lost`'s group rank `slot` (and rank hint) in the round
   // being collected, preferring one of its segment; nothing when the job
   // keeps no spares or none waits.
-  void GiveSlotToSpare(Job& job, const Node& lost, int32_t slot, absl::Time now,
+  void GiveSlotToSpare(Job& job, const Node& lost, int32_t slot,
                        Effects* effects);
   // Ends `session` with `status` and removes its node.
   void Evict(Job& job, SessionId session, const absl::Status& status,

@@ -434,7 +434,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     return;
   }
   if (running && node.state == v1::NodeStatus::ACTIVE) {
-    GiveSlotToSpare(job, node, node.group_rank, now, effects);
+    GiveSlotToSpare(job, node, node.group_rank, effects);
     // A worker failure just before was this loss's consequence.
     job.pending_failure.reset();
     OpenNextRound(job, v1::RestartRequired::NODE_LOST,
@@ -460,7 +460,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
     e.set_restart_count(job.restart_count);
   }
   if (collecting && member) {
-    GiveSlotToSpare(job, node, node.SlotToKeep(), now, effects);
+    GiveSlotToSpare(job, node, node.SlotToKeep(), effects);
   }
   if (collecting) {
     if (job.CountIn(v1::NodeStatus::JOINED) < job.settings.min_nodes()) {
@@ -473,7 +473,7 @@ void RendezvousCore::RemoveNode(Job& job, SessionId session,
 }
 
 void RendezvousCore::GiveSlotToSpare(Job& job, const Node& lost, int32_t slot,
-                                     absl::Time now, Effects* effects) {
+                                     Effects* effects) {
   if (job.settings.spares() == 0 || slot < 0) return;
   // Waiting beside a running round, or admitted to the collecting one
   // without a slot of its own. Same segment first; then the order in

@@ -168,6 +168,23 @@ TEST_CASE(
   }
 }
 
+// What `ctrun status` shows of the job, once it contains `needle` (or
+// after 30 s).
+std::string StatusShowing(const Daemon& daemon, const std::string& job,
+                          const std::string& needle) {
+  std::string shown;
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < end && shown.find(needle) == std::string::npos) {
+    ChildProcess status({CtrunPath(), "status",
+                         "--rdzv_endpoint=" + daemon.endpoint(),
+                         "--rdzv_id=" + job});
+    shown = status.ReadAll(kWait);
+    status.Wait(kWait);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return shown;
+}
+
 TEST_CASE(
     "A lost node's peers keep their processes in the shrunk world and "
     "grow back when a node joins",
@@ -218,17 +235,8 @@ TEST_CASE(
   a_enters_kept(2);
   // The rendezvous shows the node's kept processes and its recovery.
   {
-    std::string shown;
-    const absl::Time end = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < end &&
-           shown.find("every rank back in") == std::string::npos) {
-      ChildProcess status({CtrunPath(), "status",
-                           "--rdzv_endpoint=" + daemon.endpoint(),
-                           "--rdzv_id=inprocess"});
-      shown = status.ReadAll(kWait);
-      status.Wait(kWait);
-      absl::SleepFor(absl::Milliseconds(100));
-    }
+    const std::string shown =
+        StatusShowing(daemon, "inprocess", "every rank back in");
     INFO(shown);
     CHECK(std::regex_search(
         shown, std::regex("in-process: [^ ]+ kept 2 of 2 processes, every "
@@ -252,23 +260,6 @@ TEST_CASE(
   CHECK(a->Stderr().find("was lost") != std::string::npos);
   CHECK(a->Stderr().find("the live workers keep their processes") !=
         std::string::npos);
-}
-
-// What `ctrun status` shows of the job, once it contains `needle` (or
-// after 30 s).
-std::string StatusShowing(const Daemon& daemon, const std::string& job,
-                          const std::string& needle) {
-  std::string shown;
-  const absl::Time end = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < end && shown.find(needle) == std::string::npos) {
-    ChildProcess status({CtrunPath(), "status",
-                         "--rdzv_endpoint=" + daemon.endpoint(),
-                         "--rdzv_id=" + job});
-    shown = status.ReadAll(kWait);
-    status.Wait(kWait);
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return shown;
 }
 
 TEST_CASE(
