@@ -595,8 +595,7 @@ void AgentPolicy::OnParked(const std::vector<WorkerStart>& started,
       // It starts with the slot instead, cold or warm as any start.
       Tell(absl::StrCat("cannot park the worker of local rank ", s.local_rank,
                         ": ", s.error,
-                        "; it starts when this spare takes a "
-                        "slot"),
+                        "; it starts when this spare takes a slot"),
            effects);
       continue;
     }
