@@ -232,11 +232,11 @@ void Agent::SetupTemplate(WorkerGroupConfig& group) {
   t.modules = o.preload.value_or(std::vector<std::string>{"torch"});
   // The loop waits with a start: it must not miss its heartbeats (one is
   // due every keep-alive interval; the rendezvous loses a node silent for
-  // the heartbeat timeout).
-  t.wait_ms = static_cast<int>(
-      std::clamp<int64_t>(absl::ToInt64Milliseconds(o.heartbeat_timeout -
-                                                    2 * o.keep_alive_interval),
-                          0, TemplateSpawner::kReadyWithinMs));
+  // the heartbeat timeout), with room for a loaded machine's slowness.
+  t.wait_ms = static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds((o.heartbeat_timeout - o.keep_alive_interval) /
+                                2),
+      0, TemplateSpawner::kReadyWithinMs));
   t.optional = !o.preload;
   // What every worker's environment shares: the agent's, with ctrun's
   // module on the path (modules imported here see this one).

@@ -91,10 +91,18 @@ void TemplateSpawner::TurnOff(const std::string& why) {
 bool TemplateSpawner::Ready() {
   if (state_ != State::kImporting) return state_ == State::kReady;
   bool gone = false;
+  const absl::Time now = absl::Now();
+  // The starts of one batch (every local rank's, within milliseconds)
+  // share one wait: the loop sends no heartbeat between them. A start
+  // after the loop has run again gets a wait of its own.
+  if (now >= wait_until_ + absl::Milliseconds(config_.wait_ms)) {
+    wait_until_ = now + absl::Milliseconds(config_.wait_ms);
+  }
   const int64_t left_ms =
-      kReadyWithinMs - absl::ToInt64Milliseconds(absl::Now() - started_);
+      kReadyWithinMs - absl::ToInt64Milliseconds(now - started_);
   const int wait_ms = static_cast<int>(std::clamp<int64_t>(
-      std::min<int64_t>(config_.wait_ms, left_ms), 0, kReadyWithinMs));
+      std::min<int64_t>(absl::ToInt64Milliseconds(wait_until_ - now), left_ms),
+      0, kReadyWithinMs));
   const std::string said = Receive(socket_, wait_ms, &gone);
   if (said.empty() && !gone && wait_ms < left_ms) {
     if (!said_importing_ && config_.say) {

@@ -10,11 +10,12 @@
 // worker. What differs from a cold start is in docs/recovery.md.
 //
 // A start waits for the template's imports (one import and N forks beat N
-// imports side by side), but at most TemplateConfig::wait_ms, since the
-// agent's loop, heartbeats included, waits with it: a start that finds the
-// template still importing then is cold, and later ones are warm once it
-// is ready (said once). A start is cold (ExecSpawner) when the command is
-// not the Python one the template runs, when the worker is bound to CPUs
+// imports side by side), but the starts of one batch together at most
+// TemplateConfig::wait_ms, since the agent's loop, heartbeats included,
+// waits with them: a start that finds the template still importing then is
+// cold, and later ones are warm once it is ready (said once). A start is cold
+// (ExecSpawner) when the command is not the Python one the template runs, when
+// the worker is bound to CPUs
 // (--numa_binding), and for good once the template refused to fork
 // (threads, a CUDA context, a failed import), took more than
 // kReadyWithinMs to import or stopped answering: said once.
@@ -45,7 +46,8 @@ struct TemplateConfig {
   // when it is there), instead of turning warm starts off.
   bool optional = false;
   EnvMap env;  // the template's environment
-  // How long one start may wait for the imports (at most kReadyWithinMs).
+  // How long one batch of starts may wait for the imports (at most
+  // kReadyWithinMs).
   int wait_ms = 30000;
   // Says a line (once per cause) when warm starts are off.
   std::function<void(const std::string&)> say;
@@ -86,6 +88,8 @@ class TemplateSpawner final : public Spawner {
   ExecSpawner exec_;
   State state_ = State::kImporting;
   absl::Time started_ = absl::Now();
+  // Until when the current batch of starts may wait for the imports.
+  absl::Time wait_until_ = absl::InfinitePast();
   bool said_importing_ = false;
   int socket_ = -1;
   pid_t pid_ = -1;

@@ -210,6 +210,7 @@ TEST_CASE(
   std::map<int, int> pids;  // rank -> pid
   for (int i = 0; i < 2; ++i) {
     auto line = a->WaitForLine("world=4", kWait);
+    INFO(a->Stderr() << b->Stderr());
     REQUIRE(line);
     const std::vector<Entry> e = Entries(*line);
     REQUIRE(e.size() == 1);
