@@ -14,6 +14,7 @@
 #include <regex>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rendezvous/client/client.h"
@@ -349,7 +350,14 @@ TEST_CASE(
   absl::Mutex mu;
   std::map<int64_t, std::vector<std::string>> acked;
   std::atomic<bool> writing{true};
-  std::thread writer([&] {
+  std::thread writer;
+  // A failed REQUIRE leaves the test by an exception: the writer must end
+  // and be joined then too (a joinable thread would abort the binary).
+  absl::Cleanup stop_writer = [&] {
+    writing = false;
+    if (writer.joinable()) writer.join();
+  };
+  writer = std::thread([&] {
     for (int i = 0; writing; ++i) {
       absl::SleepFor(absl::Milliseconds(30));
       auto job = admin.DescribeJob(kJob);
@@ -373,7 +381,7 @@ TEST_CASE(
     for (const auto& key : keys) {
       auto value = store.Get(key, absl::Seconds(5));
       if (absl::IsAborted(value.status())) return;  // a later round
-      INFO("round " << round << " key " << key);
+      INFO("round " << round << " key " << key << ": " << value.status());
       REQUIRE(value.ok());
       CHECK(*value == key);
     }
@@ -421,8 +429,7 @@ TEST_CASE(
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
-  writing = false;
-  writer.join();
+  std::move(stop_writer).Invoke();
   REQUIRE(job.ok());
   CHECK(job->world_size() == count);
   check_keys(job->round());
