@@ -552,6 +552,13 @@ void Agent::Apply(const AgentEffect& effect) {
     if (session_) session_->Send(send->message);
   } else if (auto* rejoin = std::get_if<e::SendRejoin>(&effect)) {
     if (session_) session_->Send(MakeRejoin(rejoin->round));
+  } else if (auto* check = std::get_if<e::CheckProcessGroup>(&effect)) {
+    AgentEffects more;
+    policy_.OnProcessGroupChecked(
+        ListensOn(check->port),
+        board_ ? board_->Read() : std::vector<ProgressSample>{}, MonotonicNow(),
+        &more);
+    Apply(std::move(more));
   } else if (std::holds_alternative<e::ReadProgress>(effect)) {
     if (!board_) return;
     AgentEffects more;

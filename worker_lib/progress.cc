@@ -160,6 +160,12 @@ void MarkResilient() {
   }
 }
 
+void MarkStoreUsed() {
+  if (Slot* slot = TheSlot()) {
+    slot->flags.fetch_or(progress::kStoreUsed, std::memory_order_release);
+  }
+}
+
 void MarkRound(RoundMark which, int64_t round) {
   Slot* slot = TheSlot();
   if (slot == nullptr) return;

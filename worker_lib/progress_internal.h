@@ -10,6 +10,8 @@ namespace ctrun::progress_internal {
 
 // The worker recovers in process (kResilient).
 void MarkResilient();
+// The worker connected to the job's store (kStoreUsed).
+void MarkStoreUsed();
 // It took `round`'s world (kLeft), or formed its communicator in it
 // (kReady), now.
 enum class RoundMark { kLeft, kReady };

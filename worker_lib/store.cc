@@ -1,6 +1,7 @@
 #include "ctrun/store.h"
 
 #include "absl/strings/str_cat.h"
+#include "progress_internal.h"
 #include "rendezvous/client/client.h"
 
 namespace ctrun {
@@ -28,6 +29,7 @@ absl::StatusOr<std::unique_ptr<WorkerStore>> WorkerStore::Connect(
   options.tls_ca_file = identity.store_tls_ca;
   auto connection = Connection::Open(options);
   if (!connection.ok()) return connection.status();
+  progress_internal::MarkStoreUsed();
   return std::unique_ptr<WorkerStore>(new WorkerStore(std::make_unique<Impl>(
       *connection, identity.store_job, identity.store_round)));
 }

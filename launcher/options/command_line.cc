@@ -165,6 +165,11 @@ constexpr FlagSpec kFlags[] = {
     {"hang_evidence_timeout", 0, Kind::kValue, "10", "SECONDS",
      "how long each node spends collecting stacks from a hung job before "
      "stopping it"},
+    {"process_group_check", 0, Kind::kValue, "60", "SECONDS|off",
+     "this long after the workers of a job of several ranks start, group "
+     "rank 0's node says so if they formed no process group (nothing "
+     "listens on MASTER_PORT, no worker uses ctrun's store): a script that "
+     "never calls init_process_group trains each rank alone"},
     {"worker_tty", 0, Kind::kValue, "auto", "auto|yes|no",
      "give workers a pseudo-terminal for stdout and stderr: auto does for "
      "each stream that only ctrun's terminal shows, as torchrun's workers "
@@ -793,6 +798,17 @@ absl::Status ConvertHang(const Raw& raw, LaunchOptions& o) {
       ConvertSeconds(raw, "hang_warmup", &o.hang_timeout.warmup));
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "hang_evidence_timeout", &o.hang_evidence_timeout));
+  if (const std::string& check = raw.at("process_group_check").text;
+      check == "off") {
+    o.process_group_check.reset();
+  } else {
+    auto d = ToSeconds(check);
+    if (!d || *d <= absl::ZeroDuration()) {
+      return BadValue(raw, "process_group_check",
+                      "expected seconds > 0, or off");
+    }
+    o.process_group_check = *d;
+  }
   if (o.hang_evidence_timeout > absl::Minutes(10)) {
     return BadValue(raw, "hang_evidence_timeout", "expected seconds in 0..600");
   }

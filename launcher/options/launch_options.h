@@ -147,6 +147,10 @@ struct LaunchOptions {
   // workers' stacks before stopping them.
   HangTimeout hang_timeout;
   absl::Duration hang_evidence_timeout = absl::Seconds(10);
+  // How long after a start group rank 0's node waits for the job's ranks
+  // to form a process group before it says that they did not; nullopt:
+  // never (--process_group_check=off).
+  std::optional<absl::Duration> process_group_check = absl::Seconds(60);
   // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torchrun's file timers.
   bool file_timers = false;
 

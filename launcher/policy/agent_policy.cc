@@ -631,6 +631,11 @@ void AgentPolicy::Unpark(const v1::Assignment& a, const std::vector<int>& kept,
 }
 
 void AgentPolicy::WorkersUp(absl::Time now, AgentEffects* effects) {
+  const auto& check = config_.options.process_group_check;
+  if (check && !process_group_checked_ && assignment_->world_size() > 1 &&
+      assignment_->group_rank() == 0) {
+    process_group_check_at_ = now + *check;
+  }
   std::vector<int> ranks;
   for (const Worker& w : workers_) ranks.push_back(w.rank);
   monitor_.Start(std::move(ranks), now);
@@ -1223,6 +1228,7 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
   if (now >= evidence_deadline_) EndEvidence(now, effects);
   TickProgress(now, effects);
   TickRecovery(now, effects);
+  TickProcessGroup(now, effects);
   TickFileTimers(now, effects);
   TickSession(now, effects);
   TickStopping(now, effects);
@@ -1339,6 +1345,39 @@ void AgentPolicy::TickStopping(absl::Time now, AgentEffects* effects) {
   }
 }
 
+void AgentPolicy::TickProcessGroup(absl::Time now, AgentEffects* effects) {
+  if (phase_ != Phase::kRunning || now < process_group_check_at_) return;
+  process_group_check_at_ = absl::InfiniteFuture();
+  effects->push_back(
+      agent_effect::CheckProcessGroup{assignment_->master_port()});
+}
+
+void AgentPolicy::OnProcessGroupChecked(
+    bool listening, const std::vector<ProgressSample>& samples, absl::Time now,
+    AgentEffects* effects) {
+  if (phase_ != Phase::kRunning || process_group_checked_) return;
+  process_group_checked_ = true;
+  const bool formed =
+      listening ||
+      std::any_of(samples.begin(), samples.end(), [](const ProgressSample& s) {
+        return s.store_used || s.round_ready >= 0;
+      });
+  if (formed) return;
+  const std::string what = absl::StrCat(
+      "the job's ", assignment_->world_size(),
+      " ranks formed no process group within ",
+      absl::FormatDuration(*config_.options.process_group_check),
+      " of their start: nothing listens on MASTER_PORT=",
+      assignment_->master_port(),
+      " on this node (group rank 0's) and no worker uses ctrun's store");
+  Tell(absl::StrCat(what,
+                    "; a script that never calls "
+                    "torch.distributed.init_process_group trains each rank "
+                    "alone (said once; --process_group_check=off)"),
+       effects);
+  Record("no_process_group", effects).set_detail(what);
+}
+
 void AgentPolicy::TickRecovery(absl::Time now, AgentEffects* effects) {
   if (phase_ != Phase::kRunning || !assignment_) return;
   const int64_t round = assignment_->round();
@@ -1371,8 +1410,8 @@ absl::Time AgentPolicy::NextDeadline() const {
   if (phase_ == Phase::kDone) return absl::InfiniteFuture();
   const absl::Time running =
       phase_ == Phase::kRunning
-          ? std::min(
-                {monitor_.NextPoll(), timers_.NextExpiry(), recovery_deadline_})
+          ? std::min({monitor_.NextPoll(), timers_.NextExpiry(),
+                      recovery_deadline_, process_group_check_at_})
           : absl::InfiniteFuture();
   return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
                    reopen_at_, next_heartbeat_, kill_deadline_,

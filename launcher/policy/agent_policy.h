@@ -78,6 +78,10 @@
 //   and gives each kept worker --recovery_timeout to take the new world;
 //   one that does not is killed and started again, and its end is no
 //   failure.
+// - A job of several ranks whose workers formed no process group within
+//   --process_group_check of their start (nothing listens on MASTER_PORT
+//   on group rank 0's node, no worker there uses ctrun's store or
+//   recovers in process) is said once, by that node; nothing stops.
 // - Events (Record, docs/events.md): the assignment, each worker's start
 //   and exit, a hang, a restart asked for, the job's end and the agent's
 //   exit, as they are decided.
@@ -174,6 +178,12 @@ struct ProbeRendezvous {};
 // Reads every worker's slot of the progress board; the loop answers with
 // OnProgressRead.
 struct ReadProgress {};
+// Whether the job's process group formed, as group rank 0's node sees it:
+// anything listening on `port` (MASTER_PORT), and the board; the loop
+// answers with OnProcessGroupChecked.
+struct CheckProcessGroup {
+  int port;
+};
 // Collects the live workers' stacks and last output into `dir` (under the
 // run directory) by `deadline`; `focus` is the local rank that hung here,
 // or -1. The loop answers with OnEvidenceCollected when done early.
@@ -212,8 +222,9 @@ using AgentEffect = std::variant<
     agent_effect::SignalWorkers, agent_effect::AbandonWorkers,
     agent_effect::CollectWorkers, agent_effect::SuspendAgent,
     agent_effect::ProbeRendezvous, agent_effect::ReadProgress,
-    agent_effect::CollectEvidence, agent_effect::EndEvidence,
-    agent_effect::KillTimedOut, agent_effect::Exit, agent_effect::Record>;
+    agent_effect::CheckProcessGroup, agent_effect::CollectEvidence,
+    agent_effect::EndEvidence, agent_effect::KillTimedOut, agent_effect::Exit,
+    agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 // "SIGTERM", or "signal N" for a number with no name.
@@ -319,6 +330,11 @@ class AgentPolicy {
   void OnProgressRead(const std::vector<ProgressSample>& samples,
                       absl::Time now, absl::Time wall_now,
                       AgentEffects* effects);
+  // The answer to CheckProcessGroup: something listens on MASTER_PORT here;
+  // the board's samples, by local rank.
+  void OnProcessGroupChecked(bool listening,
+                             const std::vector<ProgressSample>& samples,
+                             absl::Time now, AgentEffects* effects);
   // The evidence asked for by CollectEvidence is complete.
   void OnEvidenceCollected(absl::Time now, AgentEffects* effects);
   // A line a worker wrote to torchrun's file-timer FIFO.
@@ -427,6 +443,7 @@ class AgentPolicy {
   void TickSession(absl::Time now, AgentEffects* effects);
   void TickStopping(absl::Time now, AgentEffects* effects);
   void TickRecovery(absl::Time now, AgentEffects* effects);
+  void TickProcessGroup(absl::Time now, AgentEffects* effects);
 
   // In-process recovery: whether the restart to `round` keeps this node's
   // live workers (all of them recover in process); says why not when not.
@@ -521,6 +538,10 @@ class AgentPolicy {
   absl::Time kill_deadline_ = absl::InfiniteFuture();
   absl::Time give_up_deadline_ = absl::InfiniteFuture();
   absl::Time evidence_deadline_ = absl::InfiniteFuture();
+  // When group rank 0's node checks that the job formed a process group
+  // (--process_group_check); once checked, never again.
+  absl::Time process_group_check_at_ = absl::InfiniteFuture();
+  bool process_group_checked_ = false;
   // In-process recovery: when the kept workers must have taken the new
   // world; the round the live workers were last told ends.
   absl::Time recovery_deadline_ = absl::InfiniteFuture();

@@ -61,6 +61,8 @@ struct ProgressSample {
   // last round whose world it took and whose communicator it formed (-1:
   // none).
   bool resilient = false;
+  // It connected to the job's store (worker_lib's communicators).
+  bool store_used = false;
   int64_t round_left = -1;
   int64_t round_ready = -1;
   absl::Time left_time = absl::InfinitePast();   // when it took round_left

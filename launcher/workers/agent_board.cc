@@ -141,6 +141,7 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
     const uint32_t flags = slot->flags.load();
     s.done = flags & progress::kDone;
     s.resilient = flags & progress::kResilient;
+    s.store_used = flags & progress::kStoreUsed;
     s.round_left = static_cast<int64_t>(slot->round_left.load()) - 1;
     s.round_ready = static_cast<int64_t>(slot->round_ready.load()) - 1;
     s.left_time = FromMonotonicNs(slot->left_ns.load());

@@ -12,7 +12,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ctrun {
 namespace {
@@ -112,6 +114,28 @@ std::string DescribeProcessState(pid_t pid) {
   std::getline(wchan_file, wchan);
   if (!wchan.empty() && wchan != "0") absl::StrAppend(&state, " in ", wchan);
   return state;
+}
+
+bool ListensOn(int port) {
+  constexpr char kListen[] = "0A";  // TCP_LISTEN, as /proc/net/tcp shows it
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    const std::string text = ReadProcFile(table, size_t{64} << 20);
+    // "sl local_address rem_address st ...": the local address ends in
+    // ":PORT" in hex.
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      std::vector<absl::string_view> fields =
+          absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (fields.size() < 4 || fields[3] != kListen) continue;
+      const size_t colon = fields[1].rfind(':');
+      int local = 0;
+      if (colon != absl::string_view::npos &&
+          absl::SimpleHexAtoi(fields[1].substr(colon + 1), &local) &&
+          local == port) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace ctrun

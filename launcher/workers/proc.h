@@ -27,6 +27,10 @@ std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry);
 // reused. 0 when it is gone.
 unsigned long long ProcessStartTime(pid_t pid);
 
+// Whether a TCP socket of this network namespace listens on `port`, on
+// any address (/proc/net/tcp and tcp6).
+bool ListensOn(int port);
+
 // How process `pid` stands, for an operator: "D (disk sleep) in
 // WCHAN" from /proc/PID/status and /proc/PID/wchan; "gone" when it is.
 std::string DescribeProcessState(pid_t pid);

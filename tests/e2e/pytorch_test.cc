@@ -77,6 +77,36 @@ TEST_CASE(
   CHECK(err.find("error.json", root) != std::string::npos);
 }
 
+TEST_CASE(
+    "A job whose script never calls init_process_group is named once, and "
+    "one that does is not",
+    "[ctrun][e2e]") {
+  const std::string script = SourceDir() + "/tests/e2e/python/pg_probe.py";
+  const std::string said = "ranks formed no process group within 8s";
+  std::map<std::string, std::unique_ptr<ChildProcess>> runs;
+  for (const char* mode : {"none", "init"}) {
+    runs[mode] = std::make_unique<ChildProcess>(
+        std::vector<std::string>{CtrunPath(), "--standalone",
+                                 "--nproc_per_node=2",
+                                 "--process_group_check=8", script, mode,
+                                 "12"},
+        std::vector<std::string>{kPython});
+  }
+  for (auto& [mode, run] : runs) {
+    run->ReadAll(absl::Seconds(120));
+    INFO(mode << ": " << run->Stderr());
+    CHECK(run->Wait(absl::Seconds(120)) == 0);  // said, never stopped
+    const bool named = absl::StrContains(run->Stderr(), said);
+    CHECK(named == (mode == "none"));
+    if (mode == "none") {
+      CHECK(absl::StrContains(
+          run->Stderr(),
+          "the job's 2 ranks formed no process group within 8s of their "
+          "start: nothing listens on MASTER_PORT="));
+    }
+  }
+}
+
 TEST_CASE("PyTorch DDP trains across two nodes that meet at a ctrund",
           "[ctrun][e2e]") {
   Daemon daemon;

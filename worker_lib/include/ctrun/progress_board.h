@@ -24,7 +24,7 @@
 //         40   i64 busy_ns        time spent in completed outermost sections
 //         48   u64 sections_done  outermost sections completed
 //         56   u32 flags          kUntimed, kStacksOnSignal, kDone,
-//                                 kResilient
+//                                 kResilient, kStoreUsed
 //         60   u32 stack_signal   the signal that dumps Python stacks
 //         64   u32 round_left     in-process recovery: 1 + the round whose
 //                                 world the worker took (it left the one
@@ -65,6 +65,9 @@ inline constexpr uint32_t kDone = 1u << 2;
 // re-creatable communicator): under --recovery=inprocess the agent keeps it
 // across rounds and hands it each new world.
 inline constexpr uint32_t kResilient = 1u << 3;
+// The worker connected to the job's store (WorkerStore::Connect): it forms
+// its communicator through ctrun, not through a store on MASTER_PORT.
+inline constexpr uint32_t kStoreUsed = 1u << 4;
 
 struct Header {
   char magic[8];

@@ -131,6 +131,11 @@ class Harness {
     effects_.clear();
     policy_.OnProgressRead(samples, now_, absl::UnixEpoch(), &effects_);
   }
+  void ProcessGroupChecked(bool listening,
+                           const std::vector<ProgressSample>& samples) {
+    effects_.clear();
+    policy_.OnProcessGroupChecked(listening, samples, now_, &effects_);
+  }
   void Collected() {
     effects_.clear();
     policy_.OnEvidenceCollected(now_, &effects_);
@@ -533,6 +538,66 @@ TEST_CASE("A spare parks its workers and hands them its slot's world",
   stopped.Exit(0, 0, SIGTERM);
   stopped.Exit(1, 0, SIGTERM);
   CHECK(stopped.ExitCode() == 128 + SIGTERM);
+}
+
+TEST_CASE("Group rank 0's node says once that the job formed no process group",
+          "[agent][unit]") {
+  auto assign = [](Harness& h, int group_rank, int world) {
+    v1::ServerMessage m;
+    auto* a = m.mutable_assignment();
+    a->set_group_rank(group_rank);
+    a->set_first_global_rank(2 * group_rank);
+    a->set_world_size(world);
+    a->set_master_port(29500);
+    h.Message(m);
+    REQUIRE(h.Has<e::StartWorkers>());
+    h.Started({0, 1});
+  };
+  const std::string line =
+      "the job's 4 ranks formed no process group within 1m of their start: "
+      "nothing listens on MASTER_PORT=29500 on this node (group rank 0's) and "
+      "no worker uses ctrun's store; a script that never calls "
+      "torch.distributed.init_process_group trains each rank alone (said "
+      "once; --process_group_check=off)";
+  Harness h;
+  assign(h, 0, 4);
+  h.Advance(absl::Seconds(59));
+  CHECK_FALSE(h.Has<e::CheckProcessGroup>());
+  h.Advance(absl::Seconds(1));
+  REQUIRE(h.Has<e::CheckProcessGroup>());
+  CHECK(h.Get<e::CheckProcessGroup>().port == 29500);
+  h.ProcessGroupChecked(false, {ProgressSample{}, ProgressSample{}});
+  CHECK(h.Said(line));
+  CHECK(h.ExitCode() == std::nullopt);  // nothing stops
+  h.Advance(absl::Minutes(5));
+  CHECK_FALSE(h.Has<e::CheckProcessGroup>());  // once
+
+  // A store on MASTER_PORT, or a worker on ctrun's store: formed.
+  for (int formed = 0; formed < 2; ++formed) {
+    Harness ok;
+    assign(ok, 0, 4);
+    ok.Advance(absl::Seconds(60));
+    REQUIRE(ok.Has<e::CheckProcessGroup>());
+    ProgressSample used;
+    used.store_used = true;
+    ok.ProcessGroupChecked(
+        formed == 0, {ProgressSample{}, formed ? used : ProgressSample{}});
+    CHECK_FALSE(ok.Said("formed no process group"));
+  }
+  // Only group rank 0's node checks, only a job of several ranks, and
+  // never with --process_group_check=off.
+  Harness other;
+  assign(other, 1, 4);
+  Harness alone;
+  assign(alone, 0, 1);
+  LaunchOptions off_options = Options();
+  off_options.process_group_check.reset();
+  Harness off(off_options);
+  assign(off, 0, 4);
+  for (Harness* x : {&other, &alone, &off}) {
+    x->Advance(absl::Minutes(2));
+    CHECK_FALSE(x->Has<e::CheckProcessGroup>());
+  }
 }
 
 TEST_CASE("A session broken while collecting joins again and the job goes on",

@@ -1,6 +1,9 @@
 // A process's state, as /proc shows it.
 #include "launcher/workers/proc.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +21,24 @@ TEST_CASE("A process's state reads as /proc shows it, and a gone one as gone",
   if (child == 0) _exit(0);
   REQUIRE(waitpid(child, nullptr, 0) == child);
   CHECK(DescribeProcessState(child) == "gone");
+}
+
+TEST_CASE("A listening TCP port is seen, a closed one is not",
+          "[launcher][unit]") {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int port = ntohs(addr.sin_port);
+  CHECK_FALSE(ListensOn(port));  // bound, not listening
+  REQUIRE(listen(fd, 1) == 0);
+  CHECK(ListensOn(port));
+  close(fd);
+  CHECK_FALSE(ListensOn(port));
 }
 
 }  // namespace

@@ -889,7 +889,7 @@ TEST_CASE("Without a spare of its segment any spare takes the slot",
         "takes the slot of a:1001, no spare waits in its segment rack-1");
 }
 
-TEST_CASE("A spare that dies changes nothing; without spares the job waits",
+TEST_CASE("A spare that dies changes nothing, and without one the job waits",
           "[rendezvous][unit][spares]") {
   Harness h(2, 2);
   h.settings().set_spares(1);
