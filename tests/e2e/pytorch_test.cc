@@ -88,8 +88,7 @@ TEST_CASE(
     runs[mode] = std::make_unique<ChildProcess>(
         std::vector<std::string>{CtrunPath(), "--standalone",
                                  "--nproc_per_node=2",
-                                 "--process_group_check=8", script, mode,
-                                 "12"},
+                                 "--process_group_check=8", script, mode, "12"},
         std::vector<std::string>{kPython});
   }
   for (auto& [mode, run] : runs) {
