@@ -153,6 +153,9 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
       if (ending_ < Ending::kJobFailed) {
         job_failure_ = m.job_failed().reason();
         job_hung_ = m.job_failed().hung();
+        if (m.job_failed().has_root_cause()) {
+          root_cause_ = RootCause(m.job_failed());
+        }
       }
       if (m.job_failed().hung()) StartEvidence(-1, now, effects);
       End(Ending::kJobFailed, now, effects);
@@ -397,6 +400,25 @@ void AgentPolicy::PrintProgress(absl::Time now, AgentEffects* effects) {
   Tell(line, effects);
 }
 
+WorkerFailureRecord AgentPolicy::RootCause(const v1::JobFailed& failed) {
+  const v1::WorkerFailure& f = failed.root_cause();
+  const std::string& node = failed.root_cause_node();
+  WorkerFailureRecord r;
+  r.time = absl::FromUnixMicros(f.time_us());
+  r.host = node.substr(0, node.rfind(':'));
+  r.rank = f.global_rank();
+  r.local_rank = f.local_rank();
+  r.signal = f.signal();
+  r.exit_code = f.signal() != 0 ? 0 : f.exit_code();
+  r.pid = f.pid();
+  r.error_file = f.error_file();
+  r.hung = f.hung();
+  // The message says the signal again when nothing else ended it.
+  if (f.message() != SignalName(f.signal())) r.cause = f.message();
+  r.remote = true;
+  return r;
+}
+
 void AgentPolicy::Report(AgentEffects* effects) const {
   if (link_ != Link::kOpen || !assignment_) return;
   v1::AgentMessage m;
@@ -415,6 +437,9 @@ void AgentPolicy::Report(AgentEffects* effects) const {
     f->set_exit_code(failure.ExitCode());
     f->set_signal(failure.signal);
     f->set_hung(failure.hung);
+    f->set_error_file(failure.error_file);
+    f->set_pid(failure.pid);
+    f->set_time_us(absl::ToUnixMicros(failure.time));
     if (!failure.cause.empty()) {
       f->set_message(failure.cause);
     } else if (failure.signal != 0) {
@@ -1195,14 +1220,29 @@ int AgentPolicy::ExitCode(AgentEffects* effects) const {
   switch (ending_) {
     case Ending::kSignal:
       return 128 + exit_signal_;
-    case Ending::kJobFailed:
-      if (!failures_.empty()) {
+    case Ending::kJobFailed: {
+      // The job's root cause first (this node's own record of it, with its
+      // traceback, when it failed here), then this node's other failures.
+      std::vector<WorkerFailureRecord> summary = failures_;
+      if (root_cause_) {
+        auto own = std::find_if(summary.begin(), summary.end(),
+                                [this](const WorkerFailureRecord& f) {
+                                  return f.rank == root_cause_->rank;
+                                });
+        if (own == summary.end()) {
+          summary.insert(summary.begin(), *root_cause_);
+        } else {
+          std::rotate(summary.begin(), own, own + 1);
+        }
+      }
+      if (!summary.empty()) {
         effects->push_back(
-            Print{FormatFailureSummary(config_.options.entrypoint, failures_)});
-        return failures_.front().ExitCode();
+            Print{FormatFailureSummary(config_.options.entrypoint, summary)});
+        return summary.front().ExitCode();
       }
       Tell(absl::StrCat("job failed: ", job_failure_), effects);
       return job_hung_ ? kHangExitCode : 1;
+    }
     case Ending::kJobFinished:
       if (assignments_ == 0) {
         Tell(

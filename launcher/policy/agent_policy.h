@@ -387,6 +387,8 @@ class AgentPolicy {
   v1::Event& Record(const char* what, AgentEffects* effects) const;
   void OnAssignment(const v1::Assignment& assignment, absl::Time now,
                     AgentEffects* effects);
+  // JobFailed's root cause as a record of another node's failure.
+  static WorkerFailureRecord RootCause(const v1::JobFailed& failed);
   void OnRestartRequired(const v1::RestartRequired& restart, absl::Time now,
                          AgentEffects* effects);
   void OnResumed(const v1::Resumed& resumed, AgentEffects* effects);
@@ -496,6 +498,9 @@ class AgentPolicy {
   std::optional<int64_t> owed_rejoin_;
   int exit_signal_ = 0;      // with Ending::kSignal
   std::string job_failure_;  // with Ending::kJobFailed
+  // The job's root cause as the rendezvous recorded it (JobFailed), which
+  // every node names and exits with, its own failures after it.
+  std::optional<WorkerFailureRecord> root_cause_;
 
   std::optional<v1::Assignment> assignment_;
   int64_t assignments_ = 0;  // ever received: 0 for a spare never admitted

@@ -43,6 +43,17 @@ std::string Describe(const WorkerFailureRecord& f) {
     absl::StrAppend(&out, "  exitcode   : ", f.exit_code, " (pid: ", f.pid,
                     ")\n");
   }
+  if (f.remote) {
+    // The same path here would be another file, if any: not read.
+    absl::StrAppend(&out, "  error_file : ",
+                    f.error_file.empty()
+                        ? std::string("<N/A>")
+                        : absl::StrCat(f.error_file, " on ", f.host,
+                                       " (its traceback is in that node's "
+                                       "summary)"),
+                    "\n");
+    return out;
+  }
   auto contents = ReadErrorFile(f.error_file);
   absl::StrAppend(
       &out, "  error_file : ", contents.ok() ? f.error_file : "<N/A>", "\n");

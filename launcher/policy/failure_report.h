@@ -29,6 +29,9 @@ struct WorkerFailureRecord {
   // What ended it, when ctrun did: a hang, an expired file timer.
   std::string cause;
   bool hung = false;  // it was hung (still running when recorded)
+  // Recorded by another node (the job's root cause, as the rendezvous
+  // told it): its error file is there, not here.
+  bool remote = false;
 
   // The code ctrun exits with for this failure: kHangExitCode for a hang,
   // else its exit code, or 128 + signal.

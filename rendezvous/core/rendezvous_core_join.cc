@@ -11,9 +11,11 @@ namespace ctrun {
 
 using core_internal::AddEvent;
 using core_internal::DescribeFailure;
+using core_internal::kMaxFailureMessageBytes;
 using core_internal::kMaxLearnedSections;
 using core_internal::kMaxLostShown;
 using core_internal::kMaxSectionBytes;
+using core_internal::Utf8Prefix;
 using core_internal::ValidateJoin;
 
 void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
@@ -317,6 +319,13 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
             absl::StrCat(what, "; no restarts left (max_restarts=",
                          job.settings.max_restarts(), ")");
         job.failure_hung = hung;
+        // Kept for every node's summary, within what a message may hold.
+        job.root_cause = failure;
+        job.root_cause->set_message(std::string(
+            Utf8Prefix(failure.message(), kMaxFailureMessageBytes)));
+        job.root_cause->set_error_file(std::string(
+            Utf8Prefix(failure.error_file(), kMaxFailureMessageBytes)));
+        job.root_cause_node = node.Name();
         // With one node there is no other node whose loss could explain it.
         if (job.settings.max_nodes() == 1) {
           FailJob(job, reason, now, effects);

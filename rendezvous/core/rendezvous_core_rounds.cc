@@ -25,6 +25,7 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   effects->changed_jobs.push_back(job.id);
   job.pending_failure.reset();
   job.failure_hung = false;
+  job.root_cause.reset();
   job.stragglers.NewRound();
   job.last_call_deadline = absl::InfiniteFuture();
   {
@@ -202,6 +203,10 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
     m.mutable_job_failed()->set_reason(reason);
     m.mutable_job_failed()->set_job_id(job.id);
     m.mutable_job_failed()->set_hung(job.failure_hung);
+    if (job.root_cause) {
+      *m.mutable_job_failed()->mutable_root_cause() = *job.root_cause;
+      m.mutable_job_failed()->set_root_cause_node(job.root_cause_node);
+    }
     effects->messages.emplace_back(session, std::move(m));
   }
 }

@@ -102,6 +102,10 @@ struct RendezvousCore::Job {
     std::string reason;
     absl::Time deadline;
   };
+  // The worker failure that fails the job (JobFailed.root_cause), and its
+  // node's name.
+  std::optional<v1::WorkerFailure> root_cause;
+  std::string root_cause_node;
   std::optional<PendingFailure> pending_failure;
   // The last restart spent on a worker failure: refunded when, within the
   // settle time, a node of that round turns out to have been lost.

@@ -233,9 +233,10 @@ TEST_CASE("srun on N+1 nodes with --spares=1 runs N and keeps the last spare",
   const std::string body = absl::StrCat(
       SrunCtrunWorker("--nproc_per_node=1 --spares=1",
                       absl::StrCat("env ", out, " ", Worker(), " wait ", out)),
-      " &\n", "i=0\nwhile [ $i -lt 600 ] && ! [ -e ", out,
-      "/ready.0 ]; do sleep 0.1; i=$((i + 1)); done\n", CtrunPath(),
-      " status > ", out, "/status.txt 2>&1\ntouch ", out, "/go\nwait\n");
+      " &\n", "i=0\nwhile [ $i -lt 600 ]; do ", CtrunPath(), " status > ", out,
+      "/status.txt 2>&1; grep -q ' spare ' ", out,
+      "/status.txt && break; sleep 0.1; i=$((i + 1)); done\ntouch ", out,
+      "/go\nwait\n");
   auto job = cluster.Submit("spares", Script({"-N 2", "-t 5"}, body));
   const auto code = cluster.Wait(job, kJobTime);
   const std::string output = cluster.Output(job);

@@ -486,6 +486,37 @@ bool AllReady(const std::string& dir, int ranks) {
 }
 
 TEST_CASE(
+    "Every node of a failed job names the same root cause and exits with its "
+    "code",
+    "[multinode][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-mn-root-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const int port = FreePort("127.0.0.2");
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n : {2, 3}) {
+    nodes.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n),
+        "--nproc_per_node=2", "--nnodes=2", "--rdzv_backend=c10d",
+        absl::StrCat("--rdzv_endpoint=127.0.0.2:", port), "--rdzv_id=root",
+        absl::StrCat("--rdzv_conf=is_host=", n == 2 ? 1 : 0), "--no_python",
+        ShellWorker(), "fail", dir, "2", "7"}));
+  }
+  for (auto& node : nodes) {
+    node->ReadAll(absl::Seconds(60));
+    INFO(node->Stderr());
+    CHECK(node->Wait(absl::Seconds(60)) == 7);
+    const std::string err = node->Stderr();
+    const size_t root = err.find("Root Cause (first observed failure)");
+    REQUIRE(root != std::string::npos);
+    CHECK(err.find("rank       : 2 (local_rank: 0)", root) !=
+          std::string::npos);
+    CHECK(err.find("exitcode   : 7", root) != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
     "ctrun status shows a running job's round, nodes, ranks, restarts and "
     "last failure",
     "[multinode][integration]") {

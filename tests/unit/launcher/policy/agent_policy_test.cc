@@ -600,6 +600,56 @@ TEST_CASE("Group rank 0's node says once that the job formed no process group",
   }
 }
 
+TEST_CASE("Every node ends with the job's root cause and its exit code",
+          "[agent][unit]") {
+  v1::ServerMessage failed;
+  auto* f = failed.mutable_job_failed();
+  f->set_reason("worker rank 0 (local 0) on node-b:77 exited with code 7");
+  f->set_root_cause_node("node-b:77");
+  auto* root = f->mutable_root_cause();
+  root->set_global_rank(0);
+  root->set_local_rank(0);
+  root->set_exit_code(7);
+  root->set_pid(4242);
+  root->set_error_file("/run/b/error.json");
+  // This node's rank 4 died of the broken collective after it.
+  Harness h;
+  h.Assign();
+  h.Exit(0, 1);
+  h.Message(failed);
+  h.Exit(1, 0, SIGTERM);
+  REQUIRE(h.ExitCode());
+  CHECK(*h.ExitCode() == 7);  // the root cause's, not this node's 1
+  REQUIRE(h.Has<e::Print>());
+  const std::string summary = h.Get<e::Print>().text;
+  INFO(summary);
+  const size_t root_at = summary.find("Root Cause (first observed failure)");
+  REQUIRE(root_at != std::string::npos);
+  const std::string root_part = summary.substr(root_at);
+  CHECK(root_part.find("host       : node-b\n") != std::string::npos);
+  CHECK(root_part.find("rank       : 0 (local_rank: 0)") != std::string::npos);
+  CHECK(root_part.find("exitcode   : 7 (pid: 4242)") != std::string::npos);
+  CHECK(root_part.find("error_file : /run/b/error.json on node-b (its "
+                       "traceback is in that node's summary)") !=
+        std::string::npos);
+  // This node's own failure, listed after it.
+  const std::string others = summary.substr(0, root_at);
+  CHECK(others.find("[1]:") != std::string::npos);
+  CHECK(others.find("rank       : 4 (local_rank: 0)") != std::string::npos);
+
+  // The root cause's own node keeps its own record of it first.
+  Harness own;
+  own.AssignOnly(0, /*first=*/0, /*world=*/8);
+  own.Started({0, 1});
+  own.Exit(0, 7);
+  own.Message(failed);
+  own.Exit(1, 0, SIGTERM);
+  CHECK(*own.ExitCode() == 7);
+  const std::string own_summary = own.Get<e::Print>().text;
+  CHECK(own_summary.find("<NO_OTHER_FAILURES>") != std::string::npos);
+  CHECK(own_summary.find("host       : node-a\n") != std::string::npos);
+}
+
 TEST_CASE("A session broken while collecting joins again and the job goes on",
           "[agent][unit]") {
   Harness h;

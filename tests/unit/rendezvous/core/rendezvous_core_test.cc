@@ -549,6 +549,29 @@ TEST_CASE("A failure with no restart left fails the job",
   CHECK(h.core().DescribeJob("job", h.now())->phase() == v1::JobStatus::FAILED);
 }
 
+TEST_CASE("A failed job names its root cause to every node",
+          "[rendezvous][unit]") {
+  Harness h(2, 2, 0);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(2, 0, v1::WorkerReport::FAILED);  // rank 3, exit code 7
+  h.Advance(absl::Seconds(2));               // no loss explains it
+  for (SessionId s : {1, 2}) {
+    auto failed = h.LastFailed(s);
+    REQUIRE(failed);
+    REQUIRE(failed->has_root_cause());
+    CHECK(failed->root_cause().global_rank() == 3);
+    CHECK(failed->root_cause().exit_code() == 7);
+    CHECK(failed->root_cause_node() == "b:1002");
+  }
+  // A job that fails for no worker (the join timeout) names none.
+  Harness timeout(2, 2, 0);
+  timeout.Join(1, "a");
+  timeout.Advance(absl::Seconds(61));
+  REQUIRE(timeout.LastFailed(1));
+  CHECK_FALSE(timeout.LastFailed(1)->has_root_cause());
+}
+
 TEST_CASE("With one node a failure with no restart left fails at once",
           "[rendezvous][unit]") {
   Harness h(1, 1, 0);
