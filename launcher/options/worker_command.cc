@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
@@ -128,6 +129,9 @@ bool ParksForSlot(const std::vector<std::string>& argv) {
       python ? std::vector<std::string>{"wait_for_slot"}
              : std::vector<std::string>{"_ZN5ctrun11WaitForSlotEv",
                                         "ctrun::WaitForSlot parks here"};
+  // Only a regular file: a FIFO at the script's path would block the agent.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return false;
   std::ifstream in(file, std::ios::binary);
   constexpr size_t kChunk = size_t{1} << 20;
   constexpr size_t kMostRead = size_t{512} << 20;

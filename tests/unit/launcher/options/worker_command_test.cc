@@ -121,6 +121,10 @@ TEST_CASE("A program parks when it names wait_for_slot",
   CHECK(ParksForSlot({write("stripped", "..ctrun::WaitForSlot parks here..")}));
   CHECK_FALSE(ParksForSlot({write("python-name", "wait_for_slot")}));
   CHECK_FALSE(ParksForSlot({(dir / "missing").string()}));
+  // A FIFO where the script should be is not read (it would block).
+  const std::string fifo = (dir / "fifo.py").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_FALSE(ParksForSlot({"/usr/bin/python3", "-u", fifo}));
   CHECK_FALSE(ParksForSlot({}));
   std::filesystem::remove_all(dir);
 }
