@@ -40,6 +40,9 @@ constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 2;
 // Lines of a hung worker's Python stack shown on the console.
 constexpr int kStackLinesShown = 24;
+// What is read of a worker's stacks to find its main thread (gdb's of a
+// process of a hundred threads is some 100 KiB).
+constexpr size_t kStacksRead = 4 << 20;
 // A file-timer request longer than this is not one (PIPE_BUF is 4096).
 constexpr size_t kMaxTimerLine = 4096;
 
@@ -405,12 +408,49 @@ void Agent::StartEvidence(const agent_effect::CollectEvidence& collect) {
 }
 
 void Agent::EndEvidence() {
-  if (!evidence_) return;
+  std::vector<RankReading> readings;
+  if (evidence_) {
+    readings = FinishEvidence();
+    evidence_.reset();
+  }
+  // The policy hears what the stacks say, whatever came of them.
+  AgentEffects more;
+  policy_.OnStacksRead(readings, &more);
+  Apply(std::move(more));
+}
+
+std::vector<RankReading> Agent::FinishEvidence() {
   const std::string evidence_dir = evidence_->dir();
   std::string text = absl::StrCat("ctrun: ", evidence_->Finish(), "\n");
-  if (evidence_focus_ >= 0) {
-    const int rank = workers_->RankOf(evidence_focus_);
-    const std::vector<std::string> lines = workers_->LastLines(evidence_focus_);
+  // What each worker's stacks say of its main thread.
+  std::vector<RankReading> readings;
+  for (const EvidenceCollector::Target& t : evidence_->targets()) {
+    const std::string base = absl::StrCat(evidence_dir, "/rank", t.rank);
+    readings.push_back(RankReading{
+        t.rank, t.local_rank,
+        ReadStacks(ReadProcFile(base + ".python.txt", kStacksRead),
+                   ReadProcFile(base + ".native.txt", kStacksRead), t.pid)});
+  }
+  // The worker to show: the one that hung here, unless its stack waits in
+  // a collective and another's is outside any (the policy says why).
+  int focus = evidence_focus_;
+  const auto reading_of = [&](int local_rank) {
+    for (const RankReading& r : readings) {
+      if (r.local_rank == local_rank) return r.reading.place;
+    }
+    return StackReading::Place::kUnknown;
+  };
+  if (focus >= 0 && reading_of(focus) == StackReading::Place::kWaiting) {
+    for (const RankReading& r : readings) {
+      if (r.reading.place == StackReading::Place::kElsewhere) {
+        focus = r.local_rank;
+        break;
+      }
+    }
+  }
+  if (focus >= 0) {
+    const int rank = workers_->RankOf(focus);
+    const std::vector<std::string> lines = workers_->LastLines(focus);
     if (lines.empty()) {
       absl::StrAppend(&text, "ctrun: rank ", rank, " printed nothing\n");
     } else {
@@ -432,7 +472,7 @@ void Agent::EndEvidence() {
     }
   }
   err_->WriteAgentLine(text);
-  evidence_.reset();
+  return readings;
 }
 
 void Agent::KillTimedOut(const agent_effect::KillTimedOut& k) {

@@ -82,6 +82,10 @@ class Agent {
   void SetupTemplate(WorkerGroupConfig& group);
   void StartEvidence(const agent_effect::CollectEvidence& collect);
   void EndEvidence();
+  // Ends the evidence, says where it is and shows the hung worker's last
+  // lines and stack; returns what each worker's stacks say of its main
+  // thread.
+  std::vector<RankReading> FinishEvidence();
   void KillTimedOut(const agent_effect::KillTimedOut& k);
   // Reads every GPU through NVML and hands what this node's workers hold
   // to the GPU watch.

@@ -437,6 +437,7 @@ void AgentPolicy::Report(AgentEffects* effects) const {
     f->set_exit_code(failure.ExitCode());
     f->set_signal(failure.signal);
     f->set_hung(failure.hung);
+    f->set_waiting(failure.waiting);
     f->set_error_file(failure.error_file);
     f->set_pid(failure.pid);
     f->set_time_us(absl::ToUnixMicros(failure.time));
@@ -920,12 +921,53 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
                                           w.error_file, cause,
                                           /*hung=*/true});
   report_ = v1::WorkerReport::FAILED;
-  Report(effects);
   StartEvidence(first.local_rank, now, effects);
-  // Without evidence to collect, the workers stop at once.
-  if (phase_ == Phase::kRunning) {
-    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+  if (phase_ == Phase::kCollecting) {
+    // Reported once the stacks are read (OnStacksRead): when every rank
+    // stalls in one step, the first to stop signalling is a matter of
+    // milliseconds, and the stacks may name the rank the others wait for.
+    hang_record_ = failures_.size() - 1;
+    report_owed_ = true;
+    return;
   }
+  // Without evidence to collect, the workers stop at once.
+  Report(effects);
+  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+}
+
+void AgentPolicy::OnStacksRead(const std::vector<RankReading>& readings,
+                               AgentEffects* effects) {
+  const std::optional<HangVerdict> verdict = JudgeHang(readings);
+  if (verdict) {
+    Tell(verdict->line, effects);
+    v1::Event& e = Record("hang_culprit", effects);
+    if (!verdict->culprits.empty()) e.set_rank(verdict->culprits.front());
+    e.set_detail(verdict->line);
+  }
+  if (verdict && hang_record_) {
+    WorkerFailureRecord& hung = failures_[*hang_record_];
+    const auto waits = [&](int rank) {
+      return std::find(verdict->waiting.begin(), verdict->waiting.end(),
+                       rank) != verdict->waiting.end();
+    };
+    if (waits(hung.rank) && !verdict->culprits.empty()) {
+      // The rank the others wait for is the hang's cause.
+      const auto culprit = std::find_if(
+          readings.begin(), readings.end(), [&](const RankReading& r) {
+            return r.rank == verdict->culprits.front();
+          });
+      const Worker& w = workers_[static_cast<size_t>(culprit->local_rank)];
+      hung.cause = absl::StrCat(verdict->line, "; rank ", hung.rank,
+                                " stopped signalling first: ", hung.cause);
+      hung.rank = w.rank;
+      hung.local_rank = w.local_rank;
+      hung.pid = w.pid;
+      hung.error_file = w.error_file;
+    }
+    hung.waiting = waits(hung.rank);
+  }
+  hang_record_.reset();
+  if (std::exchange(report_owed_, false)) Report(effects);
 }
 
 void AgentPolicy::OnTimerExpired(Worker& w, const FileTimers::Expired& x,

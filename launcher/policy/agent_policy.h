@@ -57,7 +57,10 @@
 //   OnProgressRead) and what was learned is reported every kReportEvery. A
 //   hung worker is a failure (report FAILED with `hung`), and its node
 //   collects evidence before stopping; every other node does on the
-//   rendezvous's restart or failure with `collect_evidence`/`hung`. A
+//   rendezvous's restart or failure with `collect_evidence`/`hung`. The
+//   hang is reported once the stacks are read (hang_culprit.h): when they
+//   show the rank that stopped first waiting in a collective and another
+//   rank here outside any, that other rank is named instead. A
 //   decision to stop that comes while evidence is collected waits for it,
 //   but for a handled signal, which cuts it short.
 // - torchrun's file timers (file_timers.h): an expired one kills its
@@ -103,6 +106,7 @@
 #include "launcher/options/launch_options.h"
 #include "launcher/policy/failure_report.h"
 #include "launcher/policy/file_timers.h"
+#include "launcher/policy/hang_culprit.h"
 #include "launcher/policy/progress_monitor.h"
 
 namespace ctrun {
@@ -193,7 +197,8 @@ struct CollectEvidence {
   absl::Time deadline;
 };
 // Ends evidence collection (what is not done by now is not waited for),
-// says where it is, and continues the workers it stopped (gdb).
+// says where it is, and continues the workers it stopped (gdb). The loop
+// answers with OnStacksRead, always.
 struct EndEvidence {};
 // `signal` to process `pid` for file timer `scope`, if it is a worker or in
 // a worker's process group; the edge says which it did. For a worker, the
@@ -337,6 +342,12 @@ class AgentPolicy {
                              absl::Time now, AgentEffects* effects);
   // The evidence asked for by CollectEvidence is complete.
   void OnEvidenceCollected(absl::Time now, AgentEffects* effects);
+  // The answer to EndEvidence: where each worker's stacks show its main
+  // thread (none read when there were none). A hang declared here is
+  // reported to the rendezvous only now, naming the rank the others wait
+  // for when the stacks tell it.
+  void OnStacksRead(const std::vector<RankReading>& readings,
+                    AgentEffects* effects);
   // A line a worker wrote to torchrun's file-timer FIFO.
   void OnTimerRequest(absl::string_view line, absl::Time now,
                       absl::Time wall_now, AgentEffects* effects);
@@ -516,6 +527,10 @@ class AgentPolicy {
   int32_t kept_workers_ = 0;
   double recovery_s_ = 0;
   std::vector<WorkerFailureRecord> failures_;  // this attempt, first first
+  // The hang declared here whose stacks are being collected (an index into
+  // failures_), and its report to the rendezvous, owed until they are read.
+  std::optional<size_t> hang_record_;
+  bool report_owed_ = false;
   bool omp_notice_given_ = false;
   // Restarts the service gave back (Assignment.restart_refunded), in order.
   std::vector<std::string> refunds_;

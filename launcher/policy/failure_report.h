@@ -29,6 +29,8 @@ struct WorkerFailureRecord {
   // What ended it, when ctrun did: a hang, an expired file timer.
   std::string cause;
   bool hung = false;  // it was hung (still running when recorded)
+  // Its stacks show it waiting in a collective for another rank.
+  bool waiting = false;
   // Recorded by another node (the job's root cause, as the rendezvous
   // told it): its error file is there, not here.
   bool remote = false;

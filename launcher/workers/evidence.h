@@ -65,6 +65,7 @@ class EvidenceCollector {
   std::string Finish();
 
   const std::string& dir() const { return dir_; }
+  const std::vector<Target>& targets() const { return targets_; }
 
  private:
   enum class Stage { kPython, kNative, kDone };

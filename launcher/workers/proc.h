@@ -9,9 +9,10 @@
 
 namespace ctrun {
 
-// Up to `limit` bytes of the /proc file `path`, or "" when its process is
-// gone. Never throws: a process that exits while std::ifstream reads its
-// files makes the read fail with ESRCH, which libstdc++ throws.
+// Up to `limit` bytes of the file `path` (a /proc file, or any other), or
+// "" when it cannot be opened (its process is gone). Never throws: a
+// process that exits while std::ifstream reads its files makes the read
+// fail with ESRCH, which libstdc++ throws.
 std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20);
 
 // The processes whose parent is `parent` now.

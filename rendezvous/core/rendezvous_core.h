@@ -108,6 +108,11 @@ struct RendezvousLimits {
   // with no restart left fails the job only after this, and a restart spent
   // on a failure is given back if a node of that round is lost within it.
   absl::Duration failure_settle_time = absl::Milliseconds(1500);
+  // The same for a hang whose rank waited in a collective: the rank it
+  // waited for may be hung on another node, whose report comes once that
+  // node has read its workers' stacks (--hang_evidence_timeout, 10 s by
+  // default). Such a report ends the wait at once.
+  absl::Duration waiting_hang_settle_time = absl::Seconds(10);
   // A session whose first message has not come this long after it opened
   // is ended with DEADLINE_EXCEEDED: a client that never speaks holds
   // nothing for long.

@@ -18,6 +18,16 @@ using core_internal::kMaxSectionBytes;
 using core_internal::Utf8Prefix;
 using core_internal::ValidateJoin;
 
+void RendezvousCore::Job::SetRootCause(const std::string& node_name,
+                                       const v1::WorkerFailure& failure) {
+  root_cause = failure;
+  root_cause->set_message(
+      std::string(Utf8Prefix(failure.message(), kMaxFailureMessageBytes)));
+  root_cause->set_error_file(
+      std::string(Utf8Prefix(failure.error_file(), kMaxFailureMessageBytes)));
+  root_cause_node = node_name;
+}
+
 void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
                             absl::Time now, Effects* effects) {
   absl::StatusOr<Job*> job = JobForJoin(join, now, effects);
@@ -312,27 +322,34 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
         if (failure.signal() != 0) e.set_signal(failure.signal());
         if (!failure.message().empty()) e.set_detail(failure.message());
       }
-      if (job.pending_failure) return;  // the first failure decides
       const std::string what = DescribeFailure(node.Name(), failure);
+      const std::string final_reason =
+          absl::StrCat(what, "; no restarts left (max_restarts=",
+                       job.settings.max_restarts(), ")");
+      if (job.pending_failure) {
+        // The first failure decides, unless its rank hung waiting in a
+        // collective and this one hung outside any: the rank it waited for.
+        if (hung && !failure.waiting() && job.root_cause &&
+            job.root_cause->hung() && job.root_cause->waiting()) {
+          job.pending_failure->reason = final_reason;
+          job.pending_failure->deadline = std::min(
+              job.pending_failure->deadline, now + limits_.failure_settle_time);
+          job.SetRootCause(node.Name(), failure);
+        }
+        return;
+      }
       if (job.restart_count >= job.settings.max_restarts()) {
-        const std::string reason =
-            absl::StrCat(what, "; no restarts left (max_restarts=",
-                         job.settings.max_restarts(), ")");
         job.failure_hung = hung;
-        // Kept for every node's summary, within what a message may hold.
-        job.root_cause = failure;
-        job.root_cause->set_message(std::string(
-            Utf8Prefix(failure.message(), kMaxFailureMessageBytes)));
-        job.root_cause->set_error_file(std::string(
-            Utf8Prefix(failure.error_file(), kMaxFailureMessageBytes)));
-        job.root_cause_node = node.Name();
+        job.SetRootCause(node.Name(), failure);
         // With one node there is no other node whose loss could explain it.
         if (job.settings.max_nodes() == 1) {
-          FailJob(job, reason, now, effects);
+          FailJob(job, final_reason, now, effects);
           return;
         }
-        job.pending_failure =
-            Job::PendingFailure{reason, now + limits_.failure_settle_time};
+        job.pending_failure = Job::PendingFailure{
+            final_reason,
+            now + (hung && failure.waiting() ? limits_.waiting_hang_settle_time
+                                             : limits_.failure_settle_time)};
         return;
       }
       ++job.restart_count;

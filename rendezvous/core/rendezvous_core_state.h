@@ -106,6 +106,9 @@ struct RendezvousCore::Job {
   // node's name.
   std::optional<v1::WorkerFailure> root_cause;
   std::string root_cause_node;
+  // Keeps `failure` as the root cause, within what a message may hold.
+  void SetRootCause(const std::string& node_name,
+                    const v1::WorkerFailure& failure);
   std::optional<PendingFailure> pending_failure;
   // The last restart spent on a worker failure: refunded when, within the
   // settle time, a node of that round turns out to have been lost.

@@ -112,7 +112,7 @@ TEST_CASE(
     INFO("rank " << rank << ": " << python);
     CHECK(absl::StrContains(python, "hang_allreduce.py"));
     if (rank == 2) {
-      CHECK(absl::StrContains(python, "hang_allreduce.py\", line 25"));
+      CHECK(absl::StrContains(python, "hang_allreduce.py\", line 31"));
     } else {
       CHECK(absl::StrContains(python, "all_reduce"));
     }
@@ -125,6 +125,83 @@ TEST_CASE(
     }
   }
   std::filesystem::remove_all(logs);
+}
+
+// The root cause of a failure summary.
+std::string RootCausePart(const std::string& err) {
+  const size_t at = err.find("Root Cause (first observed failure)");
+  return at == std::string::npos ? "" : err.substr(at);
+}
+
+TEST_CASE(
+    "When every rank stalls in one step, the rank outside the collective is "
+    "named, not the first whose progress stopped",
+    "[hang][e2e]") {
+  // Rank 2 signals its step half a second after the others, then sleeps;
+  // the others wait for it in the all-reduce.
+  const std::string logs = LogDir("hang-culprit");
+  const auto [out, err, code] = RunToEnd(
+      {CtrunPath(), "--standalone", "--nproc_per_node=4", "--max_restarts=0",
+       "--hang_timeout=3", "--hang_evidence_timeout=30", "--log_dir", logs,
+       Script("hang_allreduce.py"), "--late_beat=0.5"});
+  INFO(out << err);
+  CHECK(code == 124);
+  // The first to stop signalling is a rank that waits.
+  std::smatch first;
+  REQUIRE(std::regex_search(
+      err, first,
+      std::regex("worker rank ([0-9]) \\(local [0-9], pid [0-9]+\\) "
+                 "is hung")));
+  CHECK(first[1] != "2");
+  CHECK(std::regex_search(
+      err, std::regex("rank 2 holds up the job: its main thread is outside "
+                      "any collective \\(at hang_allreduce.py, line [0-9]+, "
+                      "in <module>\\) while ranks 0, 1, 3 wait in all_reduce; "
+                      "decided from the workers' Python stacks")));
+  CHECK(absl::StrContains(err, "ctrun: the Python stack of rank 2:"));
+  const std::string root = RootCausePart(err);
+  CHECK(absl::StrContains(root, "rank       : 2 (local_rank: 2)"));
+  CHECK(absl::StrContains(
+      root, absl::StrCat("; rank ", first[1].str(),
+                         " stopped signalling first: no progress for ")));
+  std::filesystem::remove_all(logs);
+}
+
+TEST_CASE(
+    "Across two nodes, both name the rank the others wait for, though the "
+    "node of the waiting ones may report first",
+    "[hang][e2e]") {
+  Daemon daemon;
+  auto node = [&](int n) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{
+            CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=2",
+            "--nproc_per_node=2", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=hang-2n",
+            "--max_restarts=0", "--hang_timeout=3",
+            "--hang_evidence_timeout=30", Script("hang_allreduce.py"),
+            "--late_beat=0.5"},
+        std::vector<std::string>{kPython});
+  };
+  auto a = node(2);
+  auto b = node(3);
+  a->ReadAll(kWait);
+  b->ReadAll(kWait);
+  const std::optional<int> code_a = a->Wait(kWait);
+  const std::optional<int> code_b = b->Wait(kWait);
+  const std::string err = a->Stderr() + b->Stderr();
+  INFO(err);
+  CHECK(code_a == 124);
+  CHECK(code_b == 124);
+  // One node holds ranks 0 and 1, both waiting; the other rank 2.
+  CHECK(absl::StrContains(err,
+                          "every worker here (ranks 0, 1) waits in all_reduce: "
+                          "the rank they wait for is not on this node"));
+  CHECK(absl::StrContains(err, "rank 2 holds up the job"));
+  for (ChildProcess* p : {a.get(), b.get()}) {
+    CHECK(absl::StrContains(RootCausePart(p->Stderr()),
+                            "rank       : 2 (local_rank: 0)"));
+  }
 }
 
 TEST_CASE(

@@ -55,6 +55,7 @@ class Harness {
   void Message(const v1::ServerMessage& m) {
     effects_.clear();
     policy_.OnMessage(m, now_, &effects_);
+    AnswerEndEvidence();
   }
   void SessionEnd(const absl::Status& status, bool redirected = false) {
     effects_.clear();
@@ -63,6 +64,7 @@ class Harness {
   void Signal(int signal, bool from_parent = false) {
     effects_.clear();
     policy_.OnSignal(signal, from_parent, now_, &effects_);
+    AnswerEndEvidence();
   }
   void TerminalStop() {
     effects_.clear();
@@ -81,6 +83,7 @@ class Harness {
       const absl::Time next = std::min(policy_.NextDeadline(), end);
       if (next > now_) now_ = next;
       policy_.Tick(now_, &effects_);
+      AnswerEndEvidence();
       if (now_ >= end) return;
     }
   }
@@ -130,6 +133,7 @@ class Harness {
   void Progress(const std::vector<ProgressSample>& samples) {
     effects_.clear();
     policy_.OnProgressRead(samples, now_, absl::UnixEpoch(), &effects_);
+    AnswerEndEvidence();
   }
   void ProcessGroupChecked(bool listening,
                            const std::vector<ProgressSample>& samples) {
@@ -139,6 +143,11 @@ class Harness {
   void Collected() {
     effects_.clear();
     policy_.OnEvidenceCollected(now_, &effects_);
+    AnswerEndEvidence();
+  }
+  // What the stacks read at the end of the evidence will say.
+  void SetStacks(std::vector<RankReading> stacks) {
+    stacks_ = std::move(stacks);
   }
   void TimerLine(const std::string& line, absl::Time wall) {
     effects_.clear();
@@ -148,6 +157,7 @@ class Harness {
     effects_.clear();
     policy_.OnWorkerExit({local_rank, code, signal, absl::UnixEpoch()}, now_,
                          &effects_);
+    AnswerEndEvidence();
   }
 
   template <typename T>
@@ -239,6 +249,19 @@ class Harness {
   }
 
  private:
+  // The loop answers EndEvidence with the stacks it read, always.
+  void AnswerEndEvidence() {
+    for (size_t i = 0; i < effects_.size(); ++i) {
+      if (std::holds_alternative<e::EndEvidence>(effects_[i])) {
+        AgentEffects more;
+        policy_.OnStacksRead(stacks_, &more);
+        effects_.insert(effects_.end(), more.begin(), more.end());
+        return;
+      }
+    }
+  }
+
+  std::vector<RankReading> stacks_;
   absl::Time now_ = absl::UnixEpoch() + absl::Hours(1);
   const int workers_;
   AgentPolicy policy_;
@@ -1383,27 +1406,114 @@ TEST_CASE("A hung worker is reported and its evidence taken before the stop",
   CHECK(
       h.Said("worker rank 5 (local 1, pid 101) is hung: no progress signal "
              "in the 2.1s since it started (allowed 2s to start"));
-  REQUIRE(h.Reports().size() == 1);
-  const v1::WorkerReport r = h.Reports()[0];
-  CHECK(r.state() == v1::WorkerReport::FAILED);
-  CHECK(r.failure().hung());
-  CHECK(r.failure().global_rank() == 5);
-  CHECK(absl::StrContains(r.failure().message(), "no progress signal"));
   REQUIRE(h.Has<e::CollectEvidence>());
   CHECK(h.Get<e::CollectEvidence>().focus == 1);
   CHECK(h.Get<e::CollectEvidence>().dir == "hang_round_0");
   CHECK(h.Get<e::CollectEvidence>().deadline == h.now() + absl::Seconds(10));
   CHECK(h.Signals().empty());
   CHECK(h.policy().phase() == Phase::kCollecting);
-  // The restart the report caused waits for the evidence.
-  v1::ServerMessage restart = Restart(1, "rank 5 hung");
-  restart.mutable_restart_required()->set_collect_evidence(true);
-  h.Message(restart);
-  CHECK(h.Signals().empty());
+  // Reported once its stacks are read: they may name another rank.
+  CHECK(h.Reports().empty());
+  h.Advance(absl::Seconds(1));
+  CHECK(h.Reports().empty());
   h.Collected();
   CHECK(h.Has<e::EndEvidence>());
+  REQUIRE(h.Reports().size() == 1);
+  const v1::WorkerReport r = h.Reports()[0];
+  CHECK(r.state() == v1::WorkerReport::FAILED);
+  CHECK(r.failure().hung());
+  CHECK_FALSE(r.failure().waiting());  // no stacks: nothing known
+  CHECK(r.failure().global_rank() == 5);
+  CHECK(absl::StrContains(r.failure().message(), "no progress signal"));
   CHECK(h.Signals() == std::vector<int>{SIGTERM});
   CHECK(h.policy().phase() == Phase::kStopping);
+}
+
+StackReading Waiting() {
+  return {StackReading::Place::kWaiting, "all_reduce", "Python"};
+}
+StackReading Sleeping() {
+  return {StackReading::Place::kElsewhere, "train.py, line 25, in step",
+          "Python"};
+}
+
+TEST_CASE(
+    "A hung worker whose stack waits in a collective gives way to the rank "
+    "here that its stacks show outside any",
+    "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  h.Advance(absl::Milliseconds(2100));
+  h.Progress(OneSilent(h.now()));  // rank 5 stopped signalling first
+  REQUIRE(h.Has<e::CollectEvidence>());
+  h.SetStacks({{4, 0, Sleeping()}, {5, 1, Waiting()}});
+  h.Collected();
+  CHECK(
+      h.Said("rank 4 holds up the job: its main thread is outside any "
+             "collective (at train.py, line 25, in step) while rank 5 "
+             "waits in all_reduce; decided from the workers' Python "
+             "stacks"));
+  CHECK(h.Records() == std::vector<std::string>{"hang_culprit/0"});
+  CHECK(h.Recorded(0).rank() == 4);
+  REQUIRE(h.Reports().size() == 1);
+  const v1::WorkerFailure f = h.Reports()[0].failure();
+  CHECK(f.hung());
+  CHECK_FALSE(f.waiting());
+  CHECK(f.global_rank() == 4);
+  CHECK(f.local_rank() == 0);
+  CHECK(f.pid() == 100);
+  CHECK(absl::StrContains(f.message(), "rank 4 holds up the job"));
+  CHECK(absl::StrContains(f.message(),
+                          "; rank 5 stopped signalling first: no progress "
+                          "signal in the 2.1s"));
+  // The rendezvous fails the job with it: the summary names rank 4.
+  v1::ServerMessage failed;
+  failed.mutable_job_failed()->set_reason("rank 4 hung");
+  failed.mutable_job_failed()->set_hung(true);
+  *failed.mutable_job_failed()->mutable_root_cause() = f;
+  failed.mutable_job_failed()->set_root_cause_node("node-a:1");
+  h.Message(failed);
+  h.Exit(0, 0, SIGTERM);
+  h.Exit(1, 0, SIGTERM);
+  REQUIRE(h.ExitCode());
+  CHECK(*h.ExitCode() == kHangExitCode);
+  const std::string summary = h.Get<e::Print>().text;
+  INFO(summary);
+  const size_t root_at = summary.find("Root Cause (first observed failure)");
+  REQUIRE(root_at != std::string::npos);
+  CHECK(absl::StrContains(summary.substr(root_at),
+                          "rank       : 4 (local_rank: 0)"));
+}
+
+TEST_CASE(
+    "Every worker here waiting in a collective: the hang is reported as "
+    "waiting, so a rank hung elsewhere outside any takes its place",
+    "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  h.Advance(absl::Milliseconds(2100));
+  h.Progress(OneSilent(h.now()));
+  h.SetStacks({{4, 0, Waiting()}, {5, 1, Waiting()}});
+  h.Collected();
+  CHECK(
+      h.Said("every worker here (ranks 4, 5) waits in all_reduce: the rank "
+             "they wait for is not on this node"));
+  REQUIRE(h.Reports().size() == 1);
+  CHECK(h.Reports()[0].failure().global_rank() == 5);
+  CHECK(h.Reports()[0].failure().waiting());
+}
+
+TEST_CASE("Stacks read after a hang elsewhere are said, and report nothing",
+          "[agent][unit]") {
+  Harness h(HangOptions());
+  h.Assign(0);
+  v1::ServerMessage restart = Restart(1, "rank 0 on node-b hung");
+  restart.mutable_restart_required()->set_collect_evidence(true);
+  h.Message(restart);
+  h.SetStacks({{4, 0, Sleeping()}, {5, 1, Waiting()}});
+  h.Collected();
+  CHECK(h.Said("rank 4 holds up the job"));
+  CHECK(h.Reports().empty());
 }
 
 TEST_CASE("Evidence that takes too long is cut at its deadline",

@@ -93,13 +93,15 @@ class Harness {
   void Heartbeat(SessionId s) {
     Send(s, [](v1::AgentMessage& m) { m.mutable_heartbeat(); });
   }
-  void ReportHang(SessionId s, int64_t round, int rank) {
+  // `waiting`: its stacks show it waiting in a collective.
+  void ReportHang(SessionId s, int64_t round, int rank, bool waiting = false) {
     Send(s, [&](v1::AgentMessage& m) {
       auto* r = m.mutable_worker_report();
       r->set_round(round);
       r->set_state(v1::WorkerReport::FAILED);
       r->mutable_failure()->set_global_rank(rank);
       r->mutable_failure()->set_hung(true);
+      r->mutable_failure()->set_waiting(waiting);
       r->mutable_failure()->set_message("no progress for 2s");
     });
   }
@@ -570,6 +572,50 @@ TEST_CASE("A failed job names its root cause to every node",
   timeout.Advance(absl::Seconds(61));
   REQUIRE(timeout.LastFailed(1));
   CHECK_FALSE(timeout.LastFailed(1)->has_root_cause());
+}
+
+TEST_CASE(
+    "A hang of a rank waiting in a collective gives way, as root cause, to "
+    "the hung rank outside any that reports within the settle time",
+    "[rendezvous][unit]") {
+  Harness h(2, 2, 0);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.ReportHang(1, 0, 0, /*waiting=*/true);
+  // The node that holds the rank they wait for reads its stacks first.
+  h.Advance(absl::Seconds(5));
+  CHECK_FALSE(h.LastFailed(1));
+  h.ReportHang(2, 0, 2);
+  h.ReportHang(1, 0, 1, /*waiting=*/true);  // a waiting one never takes it
+  h.Advance(absl::Milliseconds(1400));
+  CHECK_FALSE(h.LastFailed(1));
+  h.Advance(absl::Milliseconds(100));
+  for (SessionId s : {1, 2}) {
+    auto failed = h.LastFailed(s);
+    REQUIRE(failed);
+    CHECK(failed->root_cause().global_rank() == 2);
+    CHECK(failed->root_cause_node() == "b:1002");
+    CHECK(failed->reason().find("b:1002") != std::string::npos);
+  }
+  // A rank that is not known to wait keeps its place.
+  Harness first(2, 2, 0);
+  first.Join(1, "a");
+  first.Join(2, "b");
+  first.ReportHang(1, 0, 0);
+  first.ReportHang(2, 0, 2);
+  first.Advance(absl::Seconds(2));
+  REQUIRE(first.LastFailed(2));
+  CHECK(first.LastFailed(2)->root_cause().global_rank() == 0);
+  // A waiting rank alone fails the job once the longer wait is over.
+  Harness alone(2, 2, 0);
+  alone.Join(1, "a");
+  alone.Join(2, "b");
+  alone.ReportHang(1, 0, 0, /*waiting=*/true);
+  alone.Advance(absl::Milliseconds(9900));
+  CHECK_FALSE(alone.LastFailed(1));
+  alone.Advance(absl::Milliseconds(100));
+  REQUIRE(alone.LastFailed(1));
+  CHECK(alone.LastFailed(1)->root_cause().global_rank() == 0);
 }
 
 TEST_CASE("With one node a failure with no restart left fails at once",
