@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
@@ -528,16 +529,38 @@ void Agent::ReadGpus() {
 }
 
 void Agent::ReportUsage() {
+  std::vector<RankUsage> ranks;
   for (int lr = 0; lr < static_cast<int>(rank_runs_.size()); ++lr) {
     const RankRun& run = rank_runs_[lr];
     if (!run.exit) continue;  // never started, or left behind
-    err_->WriteAgentLine(absl::StrCat(
-        "ctrun: ",
-        RankUsageLine(run.rank, run.exit->wall_time - run.started,
-                      run.exit->peak_rss_bytes,
-                      gpu_watch_ ? gpu_watch_->UsageOf(lr) : RankGpuUsage{}),
-        "\n"));
+    ranks.push_back(RankUsage{
+        run.rank, run.exit->wall_time - run.started, run.exit->peak_rss_bytes,
+        gpu_watch_ ? gpu_watch_->UsageOf(lr) : RankGpuUsage{}});
   }
+  if (ranks.empty()) return;
+  // Every rank's line in a run directory that is kept (--log_dir; a
+  // temporary one holding it would be kept for it); on the console one
+  // line for the node, or with -v every rank's.
+  std::string per_rank;
+  for (const RankUsage& r : ranks) {
+    absl::StrAppend(&per_rank,
+                    RankUsageLine(r.rank, r.wall, r.peak_rss_bytes, r.gpu),
+                    "\n");
+  }
+  if (!config_.workers.options.log_dir.empty()) {
+    std::ofstream(absl::StrCat(config_.workers.run_dir, "/usage.txt"))
+        << per_rank;
+  }
+  if (config_.workers.options.verbose) {
+    std::string text;
+    for (absl::string_view line :
+         absl::StrSplit(per_rank, '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&text, "ctrun: ", line, "\n");
+    }
+    err_->WriteAgentLine(text);
+    return;
+  }
+  err_->WriteAgentLine(absl::StrCat("ctrun: ", NodeUsageLine(ranks), "\n"));
 }
 
 void Agent::DrainInbox() {

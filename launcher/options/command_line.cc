@@ -101,6 +101,9 @@ constexpr FlagSpec kFlags[] = {
      "copy workers' streams to log files as well as the console"},
     {"local_ranks_filter", 0, Kind::kValue, "", "LR,...",
      "show only these local ranks' output on the console"},
+    {"verbose", 'v', Kind::kBool, "0", "",
+     "end the job with a line per rank (wall, peak RSS, GPU) rather than "
+     "one per node"},
     {"duplicate_stdout_filters", 0, Kind::kValue, "", "TEXT,...",
      "also write the stdout lines of every local rank that contain one of "
      "these to attempt_N/filtered_stdout.log in the run directory"},
@@ -841,6 +844,7 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   if (o.role.empty()) return BadValue(raw, "role", "must not be empty");
   CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "module", &o.module));
   CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "no_python", &o.no_python));
+  CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "verbose", &o.verbose));
   bool unused_run_path = false;
   CTRUN_RETURN_IF_ERROR(ConvertBool(raw, "run_path", &unused_run_path));
   if (o.module && o.no_python) {

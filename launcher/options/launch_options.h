@@ -127,6 +127,8 @@ struct LaunchOptions {
   std::vector<std::string> script_args;
   bool module = false;     // -m: python -m ENTRYPOINT
   bool no_python = false;  // execute ENTRYPOINT directly
+  // -v: the end-of-job usage line of every rank, not one per node.
+  bool verbose = false;
   // LOCAL_RANK=0 for every worker, each seeing only its own GPU.
   bool virtual_local_rank = false;
   // Start a multi-node job in a Slurm allocation's batch step anyway (the

@@ -104,19 +104,67 @@ RankGpuUsage GpuWatch::UsageOf(int local_rank) const {
   return out;
 }
 
+namespace {
+
+std::string FormatWall(absl::Duration wall) {
+  return wall < absl::Minutes(1)
+             ? absl::StrFormat("%.1fs", absl::ToDoubleSeconds(wall))
+             : absl::FormatDuration(absl::Trunc(wall, absl::Seconds(1)));
+}
+
+// "2.0 GiB / 2.1 GiB / 2.3 GiB": the least, the median, the most.
+std::string Spread(std::vector<uint64_t> bytes) {
+  std::sort(bytes.begin(), bytes.end());
+  return absl::StrCat(FormatBytes(bytes.front()), " / ",
+                      FormatBytes(bytes[bytes.size() / 2]), " / ",
+                      FormatBytes(bytes.back()));
+}
+
+}  // namespace
+
 std::string RankUsageLine(int rank, absl::Duration wall,
                           uint64_t peak_rss_bytes, const RankGpuUsage& gpu) {
-  std::string line = absl::StrCat(
-      "rank ", rank, ": wall ",
-      wall < absl::Minutes(1)
-          ? absl::StrFormat("%.1fs", absl::ToDoubleSeconds(wall))
-          : absl::FormatDuration(absl::Trunc(wall, absl::Seconds(1))),
-      ", peak RSS ", FormatBytes(peak_rss_bytes));
+  std::string line = absl::StrCat("rank ", rank, ": wall ", FormatWall(wall),
+                                  ", peak RSS ", FormatBytes(peak_rss_bytes));
   if (gpu.gpu >= 0) {
     absl::StrAppend(&line, ", GPU ", gpu.gpu, ": peak memory ",
                     FormatBytes(gpu.peak_bytes));
     if (gpu.mean_utilization >= 0) {
       absl::StrAppend(&line, ", mean utilization ", gpu.mean_utilization, "%");
+    }
+  }
+  return line;
+}
+
+std::string NodeUsageLine(const std::vector<RankUsage>& ranks) {
+  if (ranks.empty()) return "";
+  if (ranks.size() == 1) {
+    const RankUsage& r = ranks.front();
+    return RankUsageLine(r.rank, r.wall, r.peak_rss_bytes, r.gpu);
+  }
+  std::vector<int> numbers;
+  std::vector<uint64_t> rss, gpu_bytes;
+  absl::Duration wall;
+  int utilization_sum = 0, utilization_readings = 0;
+  for (const RankUsage& r : ranks) {
+    numbers.push_back(r.rank);
+    rss.push_back(r.peak_rss_bytes);
+    wall = std::max(wall, r.wall);
+    if (r.gpu.gpu < 0) continue;
+    gpu_bytes.push_back(r.gpu.peak_bytes);
+    if (r.gpu.mean_utilization >= 0) {
+      utilization_sum += r.gpu.mean_utilization;
+      ++utilization_readings;
+    }
+  }
+  std::string line =
+      absl::StrCat("ranks ", FormatRanges(numbers), ": wall ", FormatWall(wall),
+                   ", peak RSS ", Spread(rss), " (min / median / max)");
+  if (!gpu_bytes.empty()) {
+    absl::StrAppend(&line, ", GPU peak memory ", Spread(gpu_bytes));
+    if (utilization_readings > 0) {
+      absl::StrAppend(&line, ", mean utilization ",
+                      utilization_sum / utilization_readings, "%");
     }
   }
   return line;

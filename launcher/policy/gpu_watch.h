@@ -93,6 +93,21 @@ class GpuWatch {
 std::string RankUsageLine(int rank, absl::Duration wall,
                           uint64_t peak_rss_bytes, const RankGpuUsage& gpu);
 
+// One rank's figures at the end of its job.
+struct RankUsage {
+  int rank = 0;
+  absl::Duration wall;
+  uint64_t peak_rss_bytes = 0;
+  RankGpuUsage gpu;
+};
+
+// The end-of-job line of a node: a 64-rank node says one line, not 64.
+// "ranks 0-3: wall 12.5s, peak RSS 2.0 GiB / 2.1 GiB / 2.3 GiB (min /
+// median / max), GPU peak memory 31.0 GiB / 31.5 GiB / 32.0 GiB, mean
+// utilization 87%": the longest wall; the GPU part over the ranks seen on
+// a GPU. One rank: its RankUsageLine.
+std::string NodeUsageLine(const std::vector<RankUsage>& ranks);
+
 // "512 KiB", "3.4 MiB", "31.5 GiB".
 std::string FormatBytes(uint64_t bytes);
 

@@ -766,8 +766,10 @@ TEST_CASE("help and version exit 0", "[ctrun][integration]") {
 
 // The GPU watch against the fake NVML (tests/support/fake_nvml.cc): four
 // "GPUs", the workers placed on them as CTRUN_FAKE_NVML says.
-std::unique_ptr<ChildProcess> CtrunOnFakeGpus(const std::string& placement) {
-  return Ctrun({"--nproc_per_node=4"}, "sleep 8",
+std::unique_ptr<ChildProcess> CtrunOnFakeGpus(
+    const std::string& placement, std::vector<std::string> flags = {}) {
+  flags.push_back("--nproc_per_node=4");
+  return Ctrun(flags, "sleep 8",
                {"CTRUN_NVML_LIBRARY=" + FakeNvmlPath(),
                 "CTRUN_FAKE_NVML=gpus=4 util=90,0,0,0 placement=" + placement +
                     " mib=1024"});
@@ -784,24 +786,30 @@ TEST_CASE("Workers all on GPU 0 are named once, with the idle GPUs",
             err,
             "ctrun: ranks 0-3 all run on GPU 0; GPUs 1-3 are idle \xE2\x80\x94 "
             "call torch\\.cuda\\.set_device\\(LOCAL_RANK\\)") == 1);
-  // The end-of-job line of each rank, with what NVML said of its GPU.
-  CHECK(
-      CountMatches(err,
-                   "ctrun: rank [0-3]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
-                   "GPU 0: peak memory 1\\.0 GiB, mean utilization 90%") == 4);
+  // The node's end-of-job line, with what NVML said of its GPUs.
+  CHECK(CountMatches(
+            err,
+            "ctrun: ranks 0-3: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB / "
+            "[0-9.]+ [KM]iB / [0-9.]+ [KM]iB \\(min / median / max\\), GPU "
+            "peak memory 1\\.0 GiB / 1\\.0 GiB / 1\\.0 GiB, mean utilization "
+            "90%\n") == 1);
+  CHECK(CountMatches(err, "ctrun: rank [0-3]: wall") == 0);
 }
 
 TEST_CASE("Workers each on their own GPU are not named",
           "[ctrun][gpu_watch][integration]") {
-  auto c = CtrunOnFakeGpus("0,1,2,3");
+  auto c = CtrunOnFakeGpus("0,1,2,3", {"-v"});
   const auto code = c->Wait(kWait);
   const std::string err = c->Stderr();
   INFO(err);
   REQUIRE(code == 0);
   CHECK(err.find("idle") == std::string::npos);
+  // With -v, the end-of-job line of each rank.
   CHECK(CountMatches(err,
                      "ctrun: rank 2: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB, "
                      "GPU 2: peak memory 1\\.0 GiB, mean utilization 0%") == 1);
+  CHECK(CountMatches(err, "ctrun: rank [0-3]: wall") == 4);
+  CHECK(CountMatches(err, "ctrun: ranks 0-3: wall") == 0);
 }
 
 TEST_CASE("Without NVML the end-of-job lines have no GPU part",
@@ -810,9 +818,10 @@ TEST_CASE("Without NVML the end-of-job lines have no GPU part",
                  {"CTRUN_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1"});
   REQUIRE(c->Wait(kWait) == 0);
   const std::string err = c->Stderr();
-  CHECK(CountMatches(
-            err,
-            "ctrun: rank [01]: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB\n") == 2);
+  CHECK(CountMatches(err,
+                     "ctrun: ranks 0-1: wall [0-9.]+s, peak RSS [0-9.]+ [KM]iB "
+                     "/ [0-9.]+ [KM]iB / [0-9.]+ [KM]iB \\(min / median / "
+                     "max\\)\n") == 1);
 }
 
 // --numa_binding on the synthetic machine of tests/support/topology_xml.h

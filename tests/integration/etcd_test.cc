@@ -581,10 +581,11 @@ TEST_CASE(
     if (at_old.exit_code != 0) {
       INFO("exit " << at_old.exit_code << ": " << at_old.out);
       CHECK(!first_answer);  // once answering, always
-      // The old image closing its connections (reset, or a broken pipe
-      // when the ask was being written as it closed), or the new one not
-      // yet listening.
-      CHECK((at_old.out.find("Connection refused") != std::string::npos ||
+      // The old image saying it steps down, or closing its connections
+      // (reset, or a broken pipe when the ask was being written as it
+      // closed), or the new one not yet listening.
+      CHECK((at_old.out.find("is stepping down") != std::string::npos ||
+             at_old.out.find("Connection refused") != std::string::npos ||
              at_old.out.find("Connection reset") != std::string::npos ||
              at_old.out.find("Broken pipe") != std::string::npos));
       absl::SleepFor(absl::Milliseconds(20));

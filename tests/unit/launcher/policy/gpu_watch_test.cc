@@ -113,6 +113,31 @@ TEST_CASE("The end-of-job line names wall time, memory and the GPU",
         "rank 0: wall 0.2s, peak RSS 3.0 MiB, GPU 3: peak memory 31.0 GiB");
 }
 
+TEST_CASE("A node's ranks end with one line: the spread of their figures",
+          "[gpu_watch][unit]") {
+  constexpr uint64_t kGiB = 1ULL << 30;
+  std::vector<RankUsage> ranks = {
+      {0, absl::Seconds(12), 2 * kGiB, {}},
+      {1, absl::Seconds(12.5), 2 * kGiB + kGiB / 10, {}},
+      {2, absl::Seconds(11), 2 * kGiB + kGiB / 5, {}},
+      {3, absl::Seconds(12), 2 * kGiB + kGiB * 3 / 10, {}}};
+  CHECK(NodeUsageLine(ranks) ==
+        "ranks 0-3: wall 12.5s, peak RSS 2.0 GiB / 2.2 GiB / 2.3 GiB (min / "
+        "median / max)");
+  // With NVML: the GPU memory's spread, and the mean of the ranks' means
+  // (a rank never seen on a GPU counts in neither).
+  ranks[0].gpu = {0, 31 * kGiB, 80};
+  ranks[1].gpu = {1, 32 * kGiB, 90};
+  ranks[2].gpu = {2, 30 * kGiB, -1};
+  CHECK(NodeUsageLine(ranks) ==
+        "ranks 0-3: wall 12.5s, peak RSS 2.0 GiB / 2.2 GiB / 2.3 GiB (min / "
+        "median / max), GPU peak memory 30.0 GiB / 31.0 GiB / 32.0 GiB, mean "
+        "utilization 85%");
+  // One rank keeps its own line.
+  CHECK(NodeUsageLine({ranks[3]}) == "rank 3: wall 12.0s, peak RSS 2.3 GiB");
+  CHECK(NodeUsageLine({}).empty());
+}
+
 TEST_CASE("Rank lists are written as ranges", "[gpu_watch][unit]") {
   CHECK(FormatRanges({3, 0, 1, 2}) == "0-3");
   CHECK(FormatRanges({0, 2, 5, 6, 7}) == "0,2,5-7");
