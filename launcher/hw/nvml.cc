@@ -1,6 +1,7 @@
 #include "launcher/hw/nvml.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -39,6 +40,10 @@ struct Nvml::Api {
 
 namespace {
 
+// The device node NVIDIA's driver creates on every machine with its GPUs
+// (in containers given GPUs too).
+constexpr char kNvidiaControlDevice[] = "/dev/nvidiactl";
+
 template <typename F>
 bool Bind(void* library, const char* name, F* out) {
   *out = reinterpret_cast<F>(dlsym(library, name));
@@ -49,8 +54,12 @@ bool Bind(void* library, const char* name, F* out) {
 
 std::unique_ptr<Nvml> Nvml::Load() {
   const char* name = getenv("CTRUN_NVML_LIBRARY");
+  const bool named = name != nullptr && *name != '\0';
+  // Without NVIDIA's driver there is no GPU to read, and no reason to
+  // search the library path for its library on every start.
+  if (!named && access(kNvidiaControlDevice, F_OK) != 0) return nullptr;
   void* library =
-      dlopen(name && *name ? name : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+      dlopen(named ? name : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) return nullptr;
   auto api = std::make_unique<Api>();
   const bool bound =

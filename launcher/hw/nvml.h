@@ -28,8 +28,9 @@ struct GpuDeviceReading {
 class Nvml {
  public:
   // Loads the library named by CTRUN_NVML_LIBRARY (the tests' fake), else
-  // libnvidia-ml.so.1, and initialises it. Null when it is absent, fails
-  // to initialise or sees no GPU: the caller then stays silent.
+  // libnvidia-ml.so.1 when NVIDIA's driver is there (/dev/nvidiactl), and
+  // initialises it. Null when it is absent, fails to initialise or sees no
+  // GPU: the caller then stays silent.
   static std::unique_ptr<Nvml> Load();
   ~Nvml();
   Nvml(const Nvml&) = delete;

@@ -1,7 +1,9 @@
 #include "launcher/hw/topology.h"
 
+#include <dlfcn.h>
 #include <hwloc.h>
 #include <sched.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <tuple>
@@ -15,22 +17,102 @@ namespace {
 constexpr unsigned kNvidiaVendor = 0x10de;
 constexpr unsigned kDisplayClass = 0x03;  // VGA and 3D controllers
 
+// hwloc 2's library. ctrun does not link it: a run without --numa_binding
+// maps neither it nor what it pulls in (udev, libxml), and a machine
+// without it fails only the flag. Only the functions proper are taken from
+// it; the header's inline helpers would bind to the library at link time,
+// so the few used are spelled out below.
+constexpr char kHwlocLibrary[] = "libhwloc.so.15";
+
+struct Hwloc {
+  void* library = nullptr;
+  unsigned (*api_version)();
+  int (*topology_init)(hwloc_topology_t*);
+  int (*set_io_types_filter)(hwloc_topology_t, enum hwloc_type_filter_e);
+  int (*topology_load)(hwloc_topology_t);
+  void (*topology_destroy)(hwloc_topology_t);
+  int (*type_depth)(hwloc_topology_t, hwloc_obj_type_t);
+  hwloc_obj_t (*obj_by_depth)(hwloc_topology_t, int, unsigned);
+  int (*bitmap_isset)(hwloc_const_bitmap_t, unsigned);
+  int (*bitmap_first)(hwloc_const_bitmap_t);
+
+  ~Hwloc() {
+    if (library != nullptr) dlclose(library);
+  }
+
+  // hwloc_get_next_obj_by_type.
+  hwloc_obj_t Next(hwloc_topology_t t, hwloc_obj_type_t type,
+                   hwloc_obj_t prev) const {
+    const int depth = type_depth(t, type);
+    if (depth == HWLOC_TYPE_DEPTH_UNKNOWN ||
+        depth == HWLOC_TYPE_DEPTH_MULTIPLE) {
+      return nullptr;
+    }
+    if (prev == nullptr) return obj_by_depth(t, depth, 0);
+    return prev->depth == depth ? prev->next_cousin : nullptr;
+  }
+};
+
+template <typename F>
+bool Bind(void* library, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(library, name));
+  return *out != nullptr;
+}
+
+// `h.library` from CTRUN_HWLOC_LIBRARY (the tests' stand-in) or hwloc's.
+absl::Status LoadHwloc(Hwloc& h) {
+  const char* name = getenv("CTRUN_HWLOC_LIBRARY");
+  h.library = dlopen(name != nullptr && *name != '\0' ? name : kHwlocLibrary,
+                     RTLD_NOW | RTLD_LOCAL);
+  if (h.library == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the machine's topology comes from hwloc, which is not installed (",
+        dlerror(),
+        "): install it (Debian and Ubuntu: libhwloc15) or leave out "
+        "--numa_binding"));
+  }
+  const bool bound =
+      Bind(h.library, "hwloc_get_api_version", &h.api_version) &&
+      Bind(h.library, "hwloc_topology_init", &h.topology_init) &&
+      Bind(h.library, "hwloc_topology_set_io_types_filter",
+           &h.set_io_types_filter) &&
+      Bind(h.library, "hwloc_topology_load", &h.topology_load) &&
+      Bind(h.library, "hwloc_topology_destroy", &h.topology_destroy) &&
+      Bind(h.library, "hwloc_get_type_depth", &h.type_depth) &&
+      Bind(h.library, "hwloc_get_obj_by_depth", &h.obj_by_depth) &&
+      Bind(h.library, "hwloc_bitmap_isset", &h.bitmap_isset) &&
+      Bind(h.library, "hwloc_bitmap_first", &h.bitmap_first);
+  // The objects' layout is the header's: the major version must match.
+  if (!bound || (h.api_version() >> 16) != (HWLOC_API_VERSION >> 16)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the machine's topology comes from hwloc 2 (", kHwlocLibrary,
+        "); the library found is another version or not hwloc"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsDataCache(hwloc_obj_type_t type) {
+  return type >= HWLOC_OBJ_L1CACHE && type <= HWLOC_OBJ_L5CACHE;
+}
+
 }  // namespace
 
 absl::StatusOr<CpuTopology> LoadTopology() {
+  Hwloc h;
+  if (absl::Status loaded = LoadHwloc(h); !loaded.ok()) return loaded;
   hwloc_topology_t t;
-  if (hwloc_topology_init(&t) != 0) {
+  if (h.topology_init(&t) != 0) {
     return absl::InternalError("hwloc_topology_init failed");
   }
   // PCI devices are left out by default; GPUs are among them.
-  hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  if (hwloc_topology_load(t) != 0) {
-    hwloc_topology_destroy(t);
+  h.set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (h.topology_load(t) != 0) {
+    h.topology_destroy(t);
     return absl::InternalError("hwloc could not read the machine's topology");
   }
   CpuTopology out;
-  for (hwloc_obj_t pu = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_PU, nullptr);
-       pu != nullptr; pu = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_PU, pu)) {
+  for (hwloc_obj_t pu = h.Next(t, HWLOC_OBJ_PU, nullptr); pu != nullptr;
+       pu = h.Next(t, HWLOC_OBJ_PU, pu)) {
     CpuTopology::Cpu cpu;
     cpu.os_index = static_cast<int>(pu->os_index);
     cpu.core = static_cast<int>(pu->logical_index) + 1'000'000;
@@ -42,17 +124,14 @@ absl::StatusOr<CpuTopology> LoadTopology() {
       if (up->type == HWLOC_OBJ_PACKAGE) {
         cpu.socket = static_cast<int>(up->logical_index);
       }
-      if (hwloc_obj_type_is_dcache(up->type) &&
-          up->attr->cache.depth > deepest_cache) {
+      if (IsDataCache(up->type) && up->attr->cache.depth > deepest_cache) {
         deepest_cache = up->attr->cache.depth;
         cpu.cache = static_cast<int>(up->gp_index);
       }
     }
-    for (hwloc_obj_t n =
-             hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, nullptr);
-         n != nullptr;
-         n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n)) {
-      if (hwloc_bitmap_isset(n->cpuset, pu->os_index)) {
+    for (hwloc_obj_t n = h.Next(t, HWLOC_OBJ_NUMANODE, nullptr); n != nullptr;
+         n = h.Next(t, HWLOC_OBJ_NUMANODE, n)) {
+      if (h.bitmap_isset(n->cpuset, pu->os_index)) {
         cpu.numa_node = static_cast<int>(n->os_index);
         break;
       }
@@ -60,21 +139,23 @@ absl::StatusOr<CpuTopology> LoadTopology() {
     out.cpus.push_back(cpu);
   }
   std::vector<std::tuple<unsigned, unsigned, unsigned, unsigned, int>> gpus;
-  for (hwloc_obj_t d = hwloc_get_next_pcidev(t, nullptr); d != nullptr;
-       d = hwloc_get_next_pcidev(t, d)) {
+  for (hwloc_obj_t d = h.Next(t, HWLOC_OBJ_PCI_DEVICE, nullptr); d != nullptr;
+       d = h.Next(t, HWLOC_OBJ_PCI_DEVICE, d)) {
     const auto& pci = d->attr->pcidev;
     if (pci.vendor_id != kNvidiaVendor ||
         (pci.class_id >> 8) != kDisplayClass) {
       continue;
     }
-    hwloc_obj_t local = hwloc_get_non_io_ancestor_obj(t, d);
-    const int node = local ? hwloc_bitmap_first(local->nodeset) : -1;
+    // The closest object with CPUs (hwloc_get_non_io_ancestor_obj).
+    hwloc_obj_t local = d;
+    while (local != nullptr && local->cpuset == nullptr) local = local->parent;
+    const int node = local ? h.bitmap_first(local->nodeset) : -1;
     gpus.emplace_back(pci.domain, pci.bus, pci.dev, pci.func,
                       std::max(node, 0));
   }
   std::sort(gpus.begin(), gpus.end());
   for (const auto& g : gpus) out.gpu_numa_nodes.push_back(std::get<4>(g));
-  hwloc_topology_destroy(t);
+  h.topology_destroy(t);
   return out;
 }
 

@@ -901,5 +901,50 @@ TEST_CASE("numa_binding=exclusive without a core per GPU is refused",
                    "--numa_binding=exclusive needs at least one each\n")));
 }
 
+TEST_CASE(
+    "Without hwloc, --numa_binding fails in one line naming it, and a run "
+    "without the flag never loads it",
+    "[ctrun][numa][integration]") {
+  auto missing = Ctrun({"--nproc_per_node=1", "--numa_binding=node"}, "true",
+                       {"CTRUN_HWLOC_LIBRARY=/nonexistent/libhwloc.so.15"});
+  CHECK(missing->Wait(kWait) == 1);
+  INFO(missing->Stderr());
+  CHECK(std::regex_search(
+      missing->Stderr(),
+      std::regex("ctrun: --numa_binding=node: the machine's topology comes "
+                 "from hwloc, which is not installed \\([^\n]*\\): install "
+                 "it \\(Debian and Ubuntu: libhwloc15\\) or leave out "
+                 "--numa_binding\n")));
+  // A library that is not hwloc is refused, not used.
+  auto wrong = Ctrun({"--nproc_per_node=1", "--numa_binding=node"}, "true",
+                     {"CTRUN_HWLOC_LIBRARY=" + FakeNvmlPath()});
+  CHECK(wrong->Wait(kWait) == 1);
+  CHECK(absl::StrContains(wrong->Stderr(),
+                          "the library found is another version or not "
+                          "hwloc"));
+  auto without = Ctrun({"--nproc_per_node=1"}, "true",
+                       {"CTRUN_HWLOC_LIBRARY=/nonexistent/libhwloc.so.15"});
+  CHECK(without->Wait(kWait) == 0);
+}
+
+TEST_CASE(
+    "A default standalone run maps none of the libraries that only a flag or "
+    "a GPU asks for",
+    "[ctrun][integration]") {
+  auto c = Ctrun({"--standalone", "--nproc_per_node=1"}, "echo up; sleep 2");
+  REQUIRE(c->WaitForLine("up", kWait));
+  std::ifstream in(absl::StrCat("/proc/", c->pid(), "/maps"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string maps = text.str();
+  INFO(maps);
+  REQUIRE(absl::StrContains(maps, "libc.so"));
+  // hwloc (--numa_binding) and what it pulls in, NVML (a GPU's driver).
+  for (const char* lib : {"libhwloc", "libudev", "libxml2", "libnvidia-ml"}) {
+    CHECK_FALSE(absl::StrContains(maps, lib));
+  }
+  CHECK(c->Wait(kWait) == 0);
+}
+
 }  // namespace
 }  // namespace ctrun::testing
