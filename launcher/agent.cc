@@ -316,7 +316,11 @@ int Agent::Run() {
     if (!session_->WaitFor(absl::Seconds(2))) session_->Cancel();
     session_.reset();
   }
-  workers_->EndStrays();
+  // Every descendant came to this agent (a subreaper) and is ended: the
+  // watchdog need not look for strays across the machine.
+  if (workers_->EndStrays() && config_.workers.watchdog != nullptr) {
+    config_.workers.watchdog->AllEnded();
+  }
   return *exit_code_;
 }
 

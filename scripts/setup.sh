@@ -12,8 +12,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libcli11-dev catch2 libgloo-dev libssl-dev
   python3 python3-torch procps openssl
-  # Native stacks of hung workers (launcher/workers/evidence.h).
-  gdb
+  # Native stacks of hung workers (launcher/workers/evidence.h); strace for
+  # the test that ctrun reads no other process's /proc entries.
+  gdb strace
   # --numa_binding: CPU and memory locality of each worker's GPU.
   libhwloc-dev
   # ctrund replicas on etcd: the tests run a private 3-member etcd.

@@ -19,6 +19,9 @@
 namespace ctrun {
 namespace {
 
+// The record that says AllEnded (the others are +pgid, -pgid).
+constexpr int32_t kAllEnded = 0;
+
 // The watchdog's whole life: collect process groups, and kill those left
 // when the agent's end of the pipe closes, then every marked process.
 [[noreturn]] void RunWatchdog(int fd, const std::string& marked,
@@ -35,6 +38,7 @@ namespace {
   sigprocmask(SIG_SETMASK, &none, nullptr);
   prctl(PR_SET_NAME, "ctrun-watchdog");
   std::set<pid_t> groups;
+  bool all_ended = false;  // the agent said so, and started nothing since
   int32_t record;
   while (true) {
     const ssize_t n = read(fd, &record, sizeof record);
@@ -42,8 +46,16 @@ namespace {
     if (n != sizeof record) break;  // EOF: the agent is gone
     if (record > 0) groups.insert(record);
     if (record < 0) groups.erase(-record);
+    all_ended = record == kAllEnded;
   }
   for (pid_t pgid : groups) kill(-pgid, SIGKILL);
+  // The sweep reads every process's environment on the machine: after an
+  // agent that ended its own descendants (a subreaper, every orphan came to
+  // it) it would find nothing, at a cost that grows with the machine.
+  if (all_ended && groups.empty()) {
+    if (!temporary_dir.empty()) RemoveUnlessKept(temporary_dir);
+    _exit(0);
+  }
   // A few passes catch what was forked while we looked. One empty pass is
   // not enough: a process in the middle of execve shows an empty environ
   // for a moment (its new stack is not set up yet), and would be missed
@@ -122,6 +134,7 @@ void Watchdog::Send(int32_t record) {
 }
 
 void Watchdog::Track(pid_t pgid) { Send(pgid); }
+void Watchdog::AllEnded() { Send(kAllEnded); }
 void Watchdog::Untrack(pid_t pgid) { Send(-pgid); }
 
 }  // namespace ctrun

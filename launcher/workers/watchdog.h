@@ -36,6 +36,10 @@ class Watchdog {
 
   void Track(pid_t pgid);
   void Untrack(pid_t pgid);
+  // The agent ended every process it started, strays included: unless a
+  // group is tracked after this, the watchdog skips its sweep for marked
+  // processes (it reads every process's environment on the machine).
+  void AllEnded();
   pid_t pid() const { return pid_; }
 
  private:

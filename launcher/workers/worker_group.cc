@@ -483,7 +483,7 @@ void WorkerGroup::Collect() {
   for (int fd : fds) ClosePipe(fd);
 }
 
-void WorkerGroup::EndStrays() {
+bool WorkerGroup::EndStrays() {
   // Orphaned descendants of workers were reparented to ctrun (a child
   // subreaper); end them and reap them. A few passes catch children that
   // were forked while we looked.
@@ -501,9 +501,10 @@ void WorkerGroup::EndStrays() {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, WNOHANG);
     }
-    if (!found) return;
+    if (!found) return true;
     absl::SleepFor(absl::Milliseconds(10));
   }
+  return false;
 }
 
 }  // namespace ctrun

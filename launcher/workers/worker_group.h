@@ -120,8 +120,9 @@ class WorkerGroup {
   // Every worker is gone: reads what their pipes still hold, closes them,
   // and ends the descendants they left behind.
   void Collect();
-  // Ends the orphaned descendants that came to this process (a subreaper).
-  void EndStrays();
+  // Ends the orphaned descendants that came to this process (a subreaper);
+  // false when some were still coming after a few passes.
+  bool EndStrays();
 
   // For the loop's epoll events on a pipe.
   bool Owns(int fd) const { return pipes_.contains(fd); }

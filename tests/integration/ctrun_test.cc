@@ -210,6 +210,42 @@ TEST_CASE("Grandchildren that leave their worker's group end with the job",
   CHECK(AllGoneWithin(escaped, absl::Seconds(5)));
 }
 
+TEST_CASE(
+    "Descendants two levels beyond their worker's session end with the job, "
+    "though ctrun looks at no other process on the machine",
+    "[ctrun][integration]") {
+  // A daemon (setsid) with a child of its own, left behind by its worker:
+  // the daemon comes to ctrun (a subreaper), and its child once it is
+  // ended. Neither the agent nor its watchdog reads another process's
+  // /proc entries to find them (strace: every /proc/N/ opened is of a task
+  // of ctrun's own).
+  REQUIRE(std::filesystem::exists("/usr/bin/strace"));
+  const std::string trace = std::filesystem::temp_directory_path() /
+                            absl::StrCat("ctrun-strace-", getpid());
+  ChildProcess c({"/usr/bin/strace", "-f", "-qq", "-e", "trace=openat", "-o",
+                  trace, CtrunPath(), "--nproc_per_node=1", "/bin/sh", "-c",
+                  "setsid sh -c 'sleep 300 & echo deep=$!; wait' & sleep 0.3"});
+  const std::string out = c.ReadAll(kWait);
+  CHECK(c.Wait(kWait) == 0);
+  const auto deep = PidsIn(out, "deep");
+  REQUIRE(deep.size() == 1);
+  CHECK(AllGoneWithin(deep, absl::Seconds(5)));
+  std::ifstream in(trace);
+  std::set<std::string> tasks, opened;
+  static const std::regex proc_entry("\"/proc/([0-9]+)/");
+  for (std::string line; std::getline(in, line);) {
+    tasks.insert(line.substr(0, line.find(' ')));
+    std::smatch m;
+    if (std::regex_search(line, m, proc_entry)) opened.insert(m[1]);
+  }
+  std::filesystem::remove(trace);
+  REQUIRE_FALSE(tasks.empty());
+  for (const std::string& pid : opened) {
+    INFO("/proc/" << pid << "/ opened");
+    CHECK(tasks.count(pid) == 1);
+  }
+}
+
 TEST_CASE("Descendants that left the session end when ctrun is killed",
           "[ctrun][integration]") {
   // setsid takes the grandchild out of its worker's session and process
