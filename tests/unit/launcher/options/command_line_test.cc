@@ -53,6 +53,17 @@ TEST_CASE("Arguments after the entrypoint go to the script untouched",
         std::vector<std::string>{"--nproc_per_node=7", "-m", "--", "x"});
 }
 
+TEST_CASE("-v asks for every rank's usage line; the default is one a node",
+          "[launcher][unit]") {
+  CHECK_FALSE(Parse({"t"})->options.verbose);
+  CHECK(Parse({"-v", "t"})->options.verbose);
+  CHECK(Parse({"--verbose", "t"})->options.verbose);
+  // After the entrypoint it is the script's.
+  auto c = Parse({"t", "-v"});
+  CHECK_FALSE(c->options.verbose);
+  CHECK(c->options.script_args == std::vector<std::string>{"-v"});
+}
+
 TEST_CASE("PET_ variables override defaults and flags override them",
           "[launcher][unit]") {
   EnvMap env = {{"PET_NPROC_PER_NODE", "3"}, {"PET_MAX_RESTARTS", "2"}};
