@@ -932,7 +932,9 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
   }
   // Without evidence to collect, the workers stop at once.
   Report(effects);
-  StopWorkers(SIGTERM, /*send=*/true, now, effects);
+  if (phase_ == Phase::kRunning) {
+    StopWorkers(SIGTERM, /*send=*/true, now, effects);
+  }
 }
 
 void AgentPolicy::OnStacksRead(const std::vector<RankReading>& readings,
