@@ -53,8 +53,9 @@ TEST_CASE("Arguments after the entrypoint go to the script untouched",
         std::vector<std::string>{"--nproc_per_node=7", "-m", "--", "x"});
 }
 
-TEST_CASE("Flag -v asks for every rank's usage line; the default is one a node",
-          "[launcher][unit]") {
+TEST_CASE(
+    "Flag -v asks for every rank's usage line, and the default is one a node",
+    "[launcher][unit]") {
   CHECK_FALSE(Parse({"t"})->options.verbose);
   CHECK(Parse({"-v", "t"})->options.verbose);
   CHECK(Parse({"--verbose", "t"})->options.verbose);

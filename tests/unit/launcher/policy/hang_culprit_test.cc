@@ -49,7 +49,7 @@ constexpr char kNativeSleeping[] =
     "#2  0x0000555555555209 in LoadBatch (step=8) at /src/trainer.cc:41\n"
     "#3  0x0000555555555300 in main () at /src/trainer.cc:70\n";
 
-TEST_CASE("A Python stack in torch.distributed waits; one elsewhere does not",
+TEST_CASE("A Python stack in torch.distributed waits, one elsewhere does not",
           "[launcher][unit]") {
   const StackReading waiting = ReadPythonStack(kInAllReduce);
   CHECK(waiting.place == Place::kWaiting);
@@ -108,7 +108,7 @@ TEST_CASE("A native stack is read from the thread whose LWP is the pid",
 }
 
 TEST_CASE(
-    "The Python stack decides; the native one stands in for a missing one",
+    "The Python stack decides, and the native one stands in for a missing one",
     "[launcher][unit]") {
   CHECK(ReadStacks(kSleeping, kNativeWaiting, 23854).place ==
         Place::kElsewhere);
