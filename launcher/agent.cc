@@ -27,6 +27,7 @@
 #include "launcher/options/worker_command.h"
 #include "launcher/python_module.h"
 #include "launcher/workers/proc.h"
+#include "launcher/workers/run_directory.h"
 #include "launcher/workers/watchdog.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/grpc_status.h"
@@ -552,8 +553,7 @@ void Agent::ReportUsage() {
                     "\n");
   }
   if (!config_.workers.options.log_dir.empty()) {
-    std::ofstream(absl::StrCat(config_.workers.run_dir, "/usage.txt"))
-        << per_rank;
+    ReplaceFile(absl::StrCat(config_.workers.run_dir, "/usage.txt"), per_rank);
   }
   if (config_.workers.options.verbose) {
     std::string text;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/workers/run_directory.h"
 
 extern char** environ;
 
@@ -33,8 +34,9 @@ std::string ReadFrom(const std::string& path, off_t from) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// In the run directory, which the workers write too.
 void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  ReplaceFile(path, text);
 }
 
 // gdb reading every thread's stack of `pid` into `out`, in a process group

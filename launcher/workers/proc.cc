@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -34,8 +35,16 @@ void ForEachProcess(F f) {
 }  // namespace
 
 std::string ReadProcFile(const std::string& path, size_t limit) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking and regular files only: a FIFO or a device put where a
+  // file was expected (in a folder the workers write) must not hold the
+  // agent.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return "";
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return "";
+  }
   std::string text;
   char buffer[4096];
   while (text.size() < limit) {

@@ -9,8 +9,9 @@
 
 namespace ctrun {
 
-// Up to `limit` bytes of the file `path` (a /proc file, or any other), or
-// "" when it cannot be opened (its process is gone). Never throws: a
+// Up to `limit` bytes of the regular file `path` (a /proc file, or any
+// other), or "" when it cannot be opened (its process is gone) or is not a
+// regular file (a FIFO is never waited on). Never throws: a
 // process that exits while std::ifstream reads its files makes the read
 // fail with ESRCH, which libstdc++ throws.
 std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20);

@@ -1,6 +1,7 @@
 #include "launcher/workers/run_directory.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -55,6 +56,23 @@ absl::StatusOr<std::string> MakeRunDirectory(const std::string& log_dir,
                      strerror(errno)));
   }
   return dir;
+}
+
+bool ReplaceFile(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".new";
+  unlink(temporary.c_str());
+  const int fd =
+      open(temporary.c_str(),
+           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  const bool written =
+      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!written || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    unlink(temporary.c_str());
+    return false;
+  }
+  return true;
 }
 
 absl::Status MarkRunDirectory(const std::string& dir) {

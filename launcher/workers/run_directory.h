@@ -34,6 +34,13 @@ absl::StatusOr<std::string> MakeRunDirectory(const std::string& log_dir,
 // it could clean up.
 absl::Status MarkRunDirectory(const std::string& dir);
 
+// Writes `text` to `path` in a folder the workers may write too, replacing
+// it whole: whatever stands at the temporary name `path`.new (a FIFO that
+// would block the open for ever, a link to another file) is removed, the
+// file is made afresh without following a link, then renamed over `path`.
+// False when it could not be written.
+bool ReplaceFile(const std::string& path, const std::string& text);
+
 // The ctrun-XXXXXX folders in `tmp` whose mark names an agent that is gone
 // (no such process, or another one that took its pid) and was made at least
 // `min_age` ago, removed whole. Folders without a mark (kept on purpose: an

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
 #include "launcher/workers/proc.h"
+#include "launcher/workers/run_directory.h"
 #include "launcher/workers/worker_process.h"
 
 namespace ctrun {
@@ -246,21 +247,9 @@ std::string WorkerGroup::WorldFile(int local_rank) const {
 }
 
 void WorkerGroup::WriteWorldFile(int local_rank, const std::string& text) {
-  // Replaced whole, so that a worker reading it sees one version.
-  // The folder is the workers' to write too: whatever stands at the
-  // temporary name (a FIFO that would block this open for ever, a link to
-  // another file) is removed, and the file is made afresh, never followed.
-  const std::string path = WorldFile(local_rank);
-  const std::string temporary = path + ".new";
-  unlink(temporary.c_str());
-  const int fd =
-      open(temporary.c_str(),
-           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return;  // the kept worker then misses the round: bounded
-  const bool written =
-      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  close(fd);
-  if (written) std::rename(temporary.c_str(), path.c_str());
+  // Replaced whole, so that a worker reading it sees one version; if it
+  // cannot be written, the kept worker misses the round: bounded.
+  ReplaceFile(WorldFile(local_rank), text);
 }
 
 void WorkerGroup::EndRound(int64_t round) {
