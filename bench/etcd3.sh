@@ -39,8 +39,14 @@ done
 endpoints=""
 for i in 0 1 2; do endpoints+="${endpoints:+,}127.0.0.1:${clients[$i]}"; done
 for _ in $(seq 100); do
-  if ETCDCTL_API=3 etcdctl --endpoints "$endpoints" endpoint health \
-      >/dev/null 2>&1; then
+  # etcd's /health answers {"health":"true"} once the member has a leader
+  # (etcdctl, in another package, is not needed for that).
+  if /usr/bin/python3 - "${clients[@]}" <<'EOF' 2>/dev/null; then
+import json, sys, urllib.request
+for port in sys.argv[1:]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+        assert json.load(r)["health"] == "true"
+EOF
     echo "$endpoints"
     exit 0
   fi

@@ -15,6 +15,11 @@
 //       from the set to the last waiter's answer.
 //   rdzv_bench demo --ctrund PATH --agents N
 //       rendezvous of N agents that prints every assignment.
+//   rdzv_bench etcd-floor --clients C --seconds S --etcd ENDPOINTS
+//       The floor of the store on etcd: C clients (threads, own channels)
+//       each putting 64-byte values to its own key in a loop, straight to
+//       etcd, waiting for each answer; reports puts per second. A set that
+//       is answered only once it is in etcd cannot be faster per client.
 //   rdzv_bench failover --ctrund PATH --agents N --etcd ENDPOINTS
 //       two replicas on etcd; N agents join, the leader is killed (-9), and
 //       each agent resumes its session, as ctrun does, on the endpoint
@@ -52,6 +57,7 @@
 #include "absl/time/clock.h"
 #include "launcher/workers/proc.h"
 #include "rendezvous/client/client.h"
+#include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/rpc/endpoint.h"
 
 namespace ctrun::bench {
@@ -357,6 +363,49 @@ int Store(const std::string& ctrund, int clients, double seconds) {
   return 0;
 }
 
+int EtcdFloor(int clients, double seconds) {
+  if (etcd_endpoints.empty()) Die("etcd-floor needs --etcd ENDPOINTS");
+  std::vector<std::unique_ptr<EtcdClient>> etcds;
+  for (int i = 0; i < clients; ++i) {
+    auto client = EtcdClient::Open({.endpoints = etcd_endpoints});
+    if (!client.ok()) Die(client.status().ToString());
+    etcds.push_back(std::move(*client));
+  }
+  const std::string prefix = absl::StrCat("/rdzv_bench/floor/", getpid(), "/");
+  std::atomic<bool> stop{false};
+  std::atomic<long> ops{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      etcdserverpb::TxnRequest txn;
+      auto* put = txn.add_success()->mutable_request_put();
+      put->set_key(absl::StrCat(prefix, i));
+      put->set_value(std::string(64, 'v'));
+      long n = 0;
+      while (!stop) {
+        if (auto s = etcds[i]->Txn(txn); !s.ok()) Die(s.status().ToString());
+        ++n;
+      }
+      ops += n;
+    });
+  }
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  stop = true;
+  for (auto& t : threads) t.join();
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  etcdserverpb::TxnRequest clean;
+  auto* range = clean.add_success()->mutable_request_delete_range();
+  range->set_key(prefix);
+  range->set_range_end(PrefixEnd(prefix));
+  etcds[0]->Txn(clean).IgnoreError();
+  std::printf(
+      "{\"bench\":\"store\",\"op\":\"etcd-put\",\"clients\":%d,"
+      "\"ops_per_s\":%.0f}\n",
+      clients, static_cast<double>(ops) / elapsed);
+  return 0;
+}
+
 int Fsync(const std::string& ctrund, int clients, double seconds,
           const std::string& state_dir) {
   if (state_dir.empty()) Die("fsync needs --state-dir DIR");
@@ -540,5 +589,6 @@ int main(int argc, char** argv) {
   if (mode == "broadcast") return Broadcast(ctrund, waiters, repeats);
   if (mode == "fsync") return Fsync(ctrund, clients, seconds, state_dir);
   if (mode == "failover") return Failover(ctrund, agents);
+  if (mode == "etcd-floor") return EtcdFloor(clients, seconds);
   Die("unknown mode " + mode);
 }

@@ -466,19 +466,27 @@ class Report:
         self.out("",
                  "Blocking `set`s per second (each client its own key and "
                  "connection): every change is in etcd before it is "
-                 "answered.",
+                 "answered. The floor: as many clients putting straight to "
+                 "etcd, each waiting for its answer (`rdzv_bench "
+                 "etcd-floor`); ctrund can pass it by gathering concurrent "
+                 "sets into one etcd transaction.",
                  "",
-                 "| clients | ctrund alone | ctrund on etcd |",
-                 "|---:|---:|---:|")
+                 "| clients | ctrund alone | ctrund on etcd | etcd puts "
+                 "(floor) | on etcd / floor |",
+                 "|---:|---:|---:|---:|---:|")
         for c in sorted({r["clients"] for r in self.pick(bench="etcd-store")}):
             cell = {impl: spread([r["ops_per_s"] for r in self.pick(
-                bench="etcd-store", impl=impl, op="set", clients=c)])
-                for impl in ("ctrun", "ctrun-etcd")}
+                bench="etcd-store", impl=impl, op=op, clients=c)])
+                for impl, op in (("ctrun", "set"), ("ctrun-etcd", "set"),
+                                 ("etcd", "etcd-put"))}
 
             def fmt(x):
                 return f"{x[0]:,.0f}" if x else "—"
+            over = (f"{cell['ctrun-etcd'][0] / cell['etcd'][0]:.2f}×"
+                    if cell["ctrun-etcd"] and cell["etcd"] else "—")
             self.out(f"| {c} | {fmt(cell['ctrun'])} | "
-                     f"{fmt(cell['ctrun-etcd'])} |")
+                     f"{fmt(cell['ctrun-etcd'])} | {fmt(cell['etcd'])} | "
+                     f"{over} |")
         self.out("",
                  "Leader killed (`kill -9`) under N agents: time until every "
                  "agent has resumed its session on the standby (lease TTL "

@@ -140,6 +140,8 @@ etcd=$(bench/etcd3.sh start "$etcd_dir")
       --seconds "$seconds" | tag ctrun | as store etcd-store
     "$bin/rdzv_bench" store --ctrund "$ctrund" --clients "$c" \
       --seconds "$seconds" --etcd "$etcd" | tag ctrun-etcd | as store etcd-store
+    "$bin/rdzv_bench" etcd-floor --clients "$c" --seconds "$seconds" \
+      --etcd "$etcd" | tag etcd | as store etcd-store
   done
   for n in "${failover_agents[@]}"; do
     for _ in $(seq "$store_runs"); do

@@ -84,6 +84,8 @@ class DurableState {
   // Whether a store change of about `bytes` still fits in the next commit
   // (RecordLog::HasRoomFor); when not, commit first.
   bool HasRoomFor(size_t bytes) const { return log_->HasRoomFor(bytes); }
+  // RecordLog::CommitsOverNetwork.
+  bool CommitsOverNetwork() const { return log_->CommitsOverNetwork(); }
 
  private:
   DurableState(std::unique_ptr<RecordLog> log, FsyncPolicy fsync);

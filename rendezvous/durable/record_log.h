@@ -44,6 +44,9 @@ class RecordLog {
   // Whether a record of about `bytes` more still fits in the next Commit;
   // when not, the owner commits what it has first.
   virtual bool HasRoomFor(size_t bytes) const = 0;
+  // Whether a commit waits on other machines (a round trip or more), so
+  // that its owner does best to gather concurrent changes into each.
+  virtual bool CommitsOverNetwork() const { return false; }
 };
 
 // Opens a log and reads the jobs its records describe into `*jobs`.

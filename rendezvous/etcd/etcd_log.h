@@ -80,6 +80,7 @@ class EtcdLog : public RecordLog {
   absl::Status Rewrite(const std::vector<v1::JournalRecord>& records) override;
   bool WantsRewrite() const override;
   bool HasRoomFor(size_t bytes) const override;
+  bool CommitsOverNetwork() const override { return true; }
 
  private:
   explicit EtcdLog(Options options, uint64_t next_seq);

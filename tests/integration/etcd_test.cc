@@ -17,6 +17,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "rendezvous/client/client.h"
 #include "rendezvous/etcd/etcd_log.h"
 #include "rendezvous/etcd/etcd_replica.h"
@@ -747,6 +748,103 @@ TEST_CASE("A standby says once that etcd is out of reach, not every tick",
   CHECK(CountMatches(err, "cannot renew the etcd lease") +
             CountMatches(err, "cannot get a lease from etcd") >=
         1);
+}
+
+// A log that commits as etcd does, over the network: each commit takes
+// `commit_time`. Counts the records each commit carried.
+class SlowLog : public RecordLog {
+ public:
+  explicit SlowLog(absl::Duration commit_time) : commit_time_(commit_time) {}
+  absl::Status Append(const v1::JournalRecord&) override {
+    absl::MutexLock lock(&mu_);
+    ++pending_;
+    return absl::OkStatus();
+  }
+  absl::Status Commit(bool) override {
+    absl::SleepFor(commit_time_);
+    absl::MutexLock lock(&mu_);
+    if (pending_ > 0) commits_.push_back(pending_);
+    pending_ = 0;
+    return absl::OkStatus();
+  }
+  absl::Status Rewrite(const std::vector<v1::JournalRecord>&) override {
+    return absl::OkStatus();
+  }
+  bool WantsRewrite() const override { return false; }
+  bool HasRoomFor(size_t) const override { return true; }
+  bool CommitsOverNetwork() const override { return true; }
+
+  // The records of each commit so far.
+  std::vector<int> commits() {
+    absl::MutexLock lock(&mu_);
+    return commits_;
+  }
+
+ private:
+  const absl::Duration commit_time_;
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> commits_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE(
+    "Blocking clients of a store on etcd share each commit, the client just "
+    "answered included",
+    "[etcd][integration]") {
+  // Each commit takes 100 ms, so a client has 50 ms to send its next set
+  // and join the next commit; the test does not depend on speed beyond
+  // that. Before, the caller that ran the batches could not send its own
+  // next set until no one else's was waiting: two clients took turns, one
+  // set a commit.
+  SlowLog* log = nullptr;
+  ServerOptions options;
+  options.state_where = "a slow log";
+  options.state_log = [&log](std::map<std::string, JournaledJob>*)
+      -> absl::StatusOr<std::unique_ptr<RecordLog>> {
+    auto made = std::make_unique<SlowLog>(absl::Milliseconds(100));
+    log = made.get();
+    return made;
+  };
+  auto server = RendezvousServer::Start(std::move(options));
+  REQUIRE(server.ok());
+  ConnectionOptions connect;
+  connect.endpoint = (*server)->endpoint().ToString();
+  JoinSpec spec;
+  spec.job = "batched";
+  auto connection = Connection::Open(connect);
+  REQUIRE(connection.ok());
+  SessionProbe probe(*connection, MakeJoin(spec));
+  REQUIRE(probe.NextAssignment(kWait));
+
+  constexpr int kClients = 2, kSets = 10;
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    auto own = Connection::Open(connect);
+    REQUIRE(own.ok());
+    clients.push_back(std::make_unique<StoreClient>(*own, spec.job, 0));
+  }
+  const size_t before = log->commits().size();
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      for (int n = 0; n < kSets; ++n) {
+        if (!clients[i]->Set(absl::StrCat("key", i), std::to_string(n)).ok()) {
+          ++failed;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failed == 0);
+  const std::vector<int> all = log->commits();
+  const std::vector<int> sets(all.begin() + before, all.end());
+  INFO("records per commit: " << absl::StrJoin(sets, " "));
+  int records = 0;
+  for (int n : sets) records += n;
+  CHECK(records == kClients * kSets);
+  // Ten rounds of both clients, and a first commit that may hold only one.
+  CHECK(sets.size() <= kSets + 1);
 }
 
 }  // namespace
