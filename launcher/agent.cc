@@ -358,7 +358,19 @@ void Agent::OnSignals() {
     AgentEffects effects;
     const absl::Time now = MonotonicNow();
     if (info.ssi_signo == SIGCHLD) {
-      for (const WorkerExit& e : workers_->Reap()) {
+      for (WorkerExit& e : workers_->Reap()) {
+        if (e.signal != 0 || e.exit_code != 0) {
+          // What its failure's class is read from (classify_failure.h).
+          if (e.signal == SIGKILL && oom_kills_) {
+            const std::optional<uint64_t> now_kills = CgroupOomKills();
+            e.oom_killed = now_kills && *now_kills > *oom_kills_;
+          }
+          e.last_lines = workers_->LastLines(e.local_rank);
+          if (auto contents = ReadErrorFile(policy_.ErrorFileOf(e.local_rank));
+              contents.ok()) {
+            e.error_message = std::move(contents->message);
+          }
+        }
         if (e.local_rank < static_cast<int>(rank_runs_.size())) {
           rank_runs_[e.local_rank].exit = e;
         }
@@ -645,6 +657,8 @@ void Agent::Apply(const AgentEffect& effect) {
     if (board_) {
       for (int lr : start->local_ranks) board_->Clear(lr);
     }
+    // The kernel's OOM kills so far, to tell one of these workers' later.
+    oom_kills_ = CgroupOomKills();
     const std::vector<WorkerStart> started =
         some ? workers_->StartSome(a, start->local_ranks) : workers_->Start(a);
     // One run per local rank: a new attempt starts them all afresh, a
@@ -727,6 +741,7 @@ void Agent::OpenSession(std::optional<int64_t> resume_round) {
   s->set_min_nodes(o.min_nodes);
   s->set_max_nodes(o.max_nodes);
   s->set_max_restarts(o.max_restarts);
+  s->set_restart_on(o.restart_on);
   s->set_join_timeout_ms(absl::ToInt64Milliseconds(o.join_timeout));
   s->set_last_call_timeout_ms(absl::ToInt64Milliseconds(o.last_call_timeout));
   s->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));

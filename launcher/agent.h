@@ -127,6 +127,8 @@ class Agent {
     std::optional<WorkerExit> exit;
   };
   std::vector<RankRun> rank_runs_;
+  // The OOM kills of this agent's memory cgroup when workers last started.
+  std::optional<uint64_t> oom_kills_;
   std::unique_ptr<SessionStream> session_;
   // Which session the inbox's items belong to; bumped by every open and
   // cancel, so that a replaced session's last words are dropped.

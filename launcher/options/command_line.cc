@@ -20,6 +20,7 @@
 #include "absl/types/span.h"
 #include "ctrun/environment.h"
 #include "launcher/options/slurm.h"
+#include "rendezvous/core/failure_class.h"
 #include "rendezvous/core/job_settings.h"
 #include "rendezvous/rpc/endpoint.h"
 
@@ -69,6 +70,10 @@ constexpr FlagSpec kFlags[] = {
      "port with a fresh token"},
     {"max_restarts", 0, Kind::kValue, "0", "N",
      "restarts of all workers allowed after worker failures"},
+    {"restart_on", 0, Kind::kValue, "default", "CLASS,...",
+     "the worker failures that spend a restart: all, or user_error, oom, "
+     "hardware, network, hang, signal, other (default: all but "
+     "user_error, so that an ImportError or a typo stops the job at once)"},
     {"spares", 0, Kind::kValue, "0", "K",
      "up to K nodes beyond --nnodes's maximum wait as hot spares, workers "
      "ready (warm Python, or parked in ctrun.wait_for_slot()); a lost "
@@ -822,6 +827,11 @@ absl::Status ConvertHang(const Raw& raw, LaunchOptions& o) {
 absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   CTRUN_RETURN_IF_ERROR(
       ConvertInt(raw, "max_restarts", 0, 1'000'000, &o.max_restarts));
+  auto restart_on = ParseRestartOn(raw.at("restart_on").text);
+  if (!restart_on.ok()) {
+    return BadValue(raw, "restart_on", restart_on.status().message());
+  }
+  o.restart_on = *restart_on;
   absl::Duration unused_interval;
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "monitor_interval", &unused_interval));

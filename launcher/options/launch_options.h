@@ -109,6 +109,9 @@ struct LaunchOptions {
 
   // Job.
   int max_restarts = 0;
+  // --restart_on: the failure classes that restart (failure_class.h); 0:
+  // the default.
+  uint32_t restart_on = 0;
   // --spares: nodes beyond max_nodes the job keeps ready to take a lost
   // node's slot; --segment: this node's label for choosing among them.
   int spares = 0;

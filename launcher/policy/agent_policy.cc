@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "launcher/policy/classify_failure.h"
+#include "rendezvous/core/failure_class.h"
 #include "rendezvous/core/restart_reason.h"
 
 namespace ctrun {
@@ -416,7 +418,38 @@ WorkerFailureRecord AgentPolicy::RootCause(const v1::JobFailed& failed) {
   // The message says the signal again when nothing else ended it.
   if (f.message() != SignalName(f.signal())) r.cause = f.message();
   r.remote = true;
+  r.failure_class = f.failure_class() == v1::FAILURE_CLASS_UNSPECIFIED
+                        ? v1::OTHER
+                        : f.failure_class();
   return r;
+}
+
+std::string AgentPolicy::ErrorFileOf(int local_rank) const {
+  if (local_rank < 0 || local_rank >= static_cast<int>(workers_.size())) {
+    return "";
+  }
+  return workers_[local_rank].error_file;
+}
+
+WorkerFailureRecord AgentPolicy::ExitFailure(const Worker& w,
+                                             const WorkerExit& exit,
+                                             const std::string& cause) const {
+  WorkerFailureRecord record{exit.wall_time, config_.hostname, w.rank,
+                             w.local_rank,   exit.exit_code,   exit.signal,
+                             w.pid,          w.error_file,     cause,
+                             false};
+  FailureFacts facts;
+  facts.exit_code = exit.exit_code;
+  facts.signal = exit.signal;
+  facts.error_message = exit.error_message;
+  facts.last_lines = exit.last_lines;
+  facts.oom_killed = exit.oom_killed;
+  ClassifiedFailure classified = ClassifyFailure(facts);
+  // A rank other than 0 reading the terminal: the program's to change.
+  record.failure_class =
+      exit.stopped_on_terminal ? v1::USER_ERROR : classified.failure_class;
+  record.error = std::move(classified.error);
+  return record;
 }
 
 void AgentPolicy::Report(AgentEffects* effects) const {
@@ -441,8 +474,11 @@ void AgentPolicy::Report(AgentEffects* effects) const {
     f->set_error_file(failure.error_file);
     f->set_pid(failure.pid);
     f->set_time_us(absl::ToUnixMicros(failure.time));
+    f->set_failure_class(failure.failure_class);
     if (!failure.cause.empty()) {
       f->set_message(failure.cause);
+    } else if (!failure.error.empty()) {
+      f->set_message(failure.error);
     } else if (failure.signal != 0) {
       f->set_message(SignalName(failure.signal));
     }
@@ -599,10 +635,12 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
     }
     e.set_detail(s.error);
     Tell(s.error, effects);
-    OnWorkerFailure(
-        WorkerFailureRecord{s.wall_time, config_.hostname, w.rank, w.local_rank,
-                            127, 0, 0, w.error_file, "", false},
-        now, effects);
+    WorkerFailureRecord failure{
+        s.wall_time, config_.hostname, w.rank, w.local_rank, 127, 0,
+        0,           w.error_file,     "",     false};
+    failure.failure_class = v1::USER_ERROR;
+    failure.error = s.error;
+    OnWorkerFailure(failure, now, effects);
     return;
   }
   WorkersUp(now, effects);
@@ -701,9 +739,7 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
     const int code = e.signal != 0 ? 128 + e.signal : e.exit_code;
     if (!failures_.empty() && code != 0 && code != 128 + SIGTERM &&
         code != 128 + SIGKILL && timer_cause.empty()) {
-      failures_.push_back(WorkerFailureRecord{
-          e.wall_time, config_.hostname, it->rank, it->local_rank, e.exit_code,
-          e.signal, it->pid, it->error_file, timer_cause, false});
+      failures_.push_back(ExitFailure(*it, e, timer_cause));
     }
     if (live_workers() > 0) return;
     if (phase_ == Phase::kCollecting) return EndEvidence(now, effects);
@@ -748,17 +784,16 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
                          "' expired")
       : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
                  : absl::StrCat("exited with code ", e.exit_code);
+  const WorkerFailureRecord failure = ExitFailure(*it, e, timer_cause);
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
-                    ", pid ", it->pid, ") ", how,
+                    ", pid ", it->pid, ") ", how, ": ",
+                    FailureClassName(failure.failure_class),
+                    failure.error.empty() ? "" : " (" + failure.error + ")",
                     inprocess() ? "; the others keep running "
                                   "(--recovery=inprocess)"
                                 : "; stopping the others"),
        effects);
-  OnWorkerFailure(
-      WorkerFailureRecord{e.wall_time, config_.hostname, it->rank,
-                          it->local_rank, e.exit_code, e.signal, it->pid,
-                          it->error_file, timer_cause, false},
-      now, effects);
+  OnWorkerFailure(failure, now, effects);
 }
 
 // --- hangs, evidence, file timers -------------------------------------------
@@ -920,6 +955,7 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
                                           w.local_rank, 0, 0, w.pid,
                                           w.error_file, cause,
                                           /*hung=*/true});
+  failures_.back().failure_class = v1::HANG;
   report_ = v1::WorkerReport::FAILED;
   StartEvidence(first.local_rank, now, effects);
   if (phase_ == Phase::kCollecting) {
@@ -989,6 +1025,7 @@ void AgentPolicy::OnTimerExpired(Worker& w, const FileTimers::Expired& x,
   failures_.push_back(WorkerFailureRecord{now + wall_offset_, config_.hostname,
                                           w.rank, w.local_rank, 0, x.signal,
                                           w.pid, w.error_file, cause, false});
+  failures_.back().failure_class = v1::HANG;  // the user's own watchdog
   report_ = v1::WorkerReport::FAILED;
   Report(effects);
   timer_kills_.push_back(agent_effect::KillTimedOut{x.pid, x.signal, x.scope});
@@ -1282,7 +1319,23 @@ int AgentPolicy::ExitCode(AgentEffects* effects) const {
       if (!summary.empty()) {
         effects->push_back(
             Print{FormatFailureSummary(config_.options.entrypoint, summary)});
-        return summary.front().ExitCode();
+        const WorkerFailureRecord& root = summary.front();
+        const int used = assignment_ ? assignment_->restart_count() : 0;
+        const int budget = config_.options.max_restarts;
+        if (used < budget &&
+            !RestartsOn(config_.options.restart_on, root.failure_class)) {
+          Tell(absl::StrCat("rank ", root.rank, "'s failure is ",
+                            FailureClassWords(root.failure_class),
+                            root.error.empty() ? "" : " (" + root.error + ")",
+                            ", which a restart cannot mend: not restarted, ",
+                            budget - used, " of --max_restarts=", budget,
+                            " left (--restart_on=",
+                            FormatRestartOn(config_.options.restart_on),
+                            "; add ", FailureClassName(root.failure_class),
+                            " to restart for it)"),
+               effects);
+        }
+        return root.ExitCode();
       }
       Tell(absl::StrCat("job failed: ", job_failure_), effects);
       return job_hung_ ? kHangExitCode : 1;

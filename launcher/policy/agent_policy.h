@@ -270,6 +270,13 @@ struct WorkerExit {
   // ru_maxrss). Started with vfork, a worker's count begins at the agent's
   // own (some 15 MiB): below that it reads high.
   uint64_t peak_rss_bytes = 0;
+  // For its failure's class (classify_failure.h): its error file's message
+  // and its last output lines, as the agent read them when it was reaped.
+  std::string error_message;
+  std::vector<std::string> last_lines;
+  // Killed by SIGKILL while the kernel counted an OOM kill in the agent's
+  // memory cgroup since the workers started.
+  bool oom_killed = false;
 };
 
 class AgentPolicy {
@@ -361,6 +368,9 @@ class AgentPolicy {
   // The current assignment's round, or -1 before the first.
   int64_t round() const { return assignment_ ? assignment_->round() : -1; }
   int live_workers() const;
+  // Where local rank `local_rank` writes its error file; empty before it
+  // started.
+  std::string ErrorFileOf(int local_rank) const;
   // Whether a handled signal decided the exit.
   bool stopped_by_signal() const { return ending_ == Ending::kSignal; }
   const ProgressMonitor& monitor() const { return monitor_; }
@@ -400,6 +410,10 @@ class AgentPolicy {
                     AgentEffects* effects);
   // JobFailed's root cause as a record of another node's failure.
   static WorkerFailureRecord RootCause(const v1::JobFailed& failed);
+  // The record of worker `w`'s failed `exit`, with the class its facts
+  // give it.
+  WorkerFailureRecord ExitFailure(const Worker& w, const WorkerExit& exit,
+                                  const std::string& cause) const;
   void OnRestartRequired(const v1::RestartRequired& restart, absl::Time now,
                          AgentEffects* effects);
   void OnResumed(const v1::Resumed& resumed, AgentEffects* effects);

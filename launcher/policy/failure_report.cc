@@ -1,14 +1,18 @@
 #include "launcher/policy/failure_report.h"
 
+#include <fcntl.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "rendezvous/core/failure_class.h"
 
 namespace ctrun {
 namespace {
@@ -19,7 +23,9 @@ const google::protobuf::Value* Field(const google::protobuf::Struct& s,
   return it == s.fields().end() ? nullptr : &it->second;
 }
 
-std::string Describe(const WorkerFailureRecord& f) {
+// `cascade`: it followed the root cause and reads as its consequence (a
+// peer gone), so it is labelled as such.
+std::string Describe(const WorkerFailureRecord& f, bool cascade = false) {
   std::string out;
   absl::StrAppend(
       &out, "  time       : ",
@@ -43,6 +49,12 @@ std::string Describe(const WorkerFailureRecord& f) {
     absl::StrAppend(&out, "  exitcode   : ", f.exit_code, " (pid: ", f.pid,
                     ")\n");
   }
+  absl::StrAppend(&out, "  class      : ", FailureClassName(f.failure_class),
+                  cascade ? ", after the root cause (a cascade of it)" : "",
+                  f.error.empty() || f.error == f.cause
+                      ? ""
+                      : absl::StrCat(" (", f.error, ")"),
+                  "\n");
   if (f.remote) {
     // The same path here would be another file, if any: not read.
     absl::StrAppend(&out, "  error_file : ",
@@ -78,12 +90,20 @@ std::string Describe(const WorkerFailureRecord& f) {
 }  // namespace
 
 absl::StatusOr<ErrorFileContents> ReadErrorFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("no error file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
+  // The workers write where it lies: a FIFO there must not hold the agent,
+  // so it is opened without waiting and read only when regular.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("no error file ", path));
+  absl::Cleanup closing = [fd] { close(fd); };
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "error file ", path, " is not a regular file of at most 1 MiB"));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  text.resize(std::max<ssize_t>(0, read(fd, text.data(), text.size())));
   google::protobuf::Struct root;
-  if (!google::protobuf::util::JsonStringToMessage(text.str(), &root).ok()) {
+  if (!google::protobuf::util::JsonStringToMessage(text, &root).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("error file ", path, " is not JSON"));
   }
@@ -128,7 +148,9 @@ std::string FormatFailureSummary(
     absl::StrAppend(&out, "  <NO_OTHER_FAILURES>\n");
   } else {
     for (size_t i = 1; i < failures.size(); ++i) {
-      absl::StrAppend(&out, "[", i, "]:\n", Describe(failures[i]));
+      absl::StrAppend(
+          &out, "[", i, "]:\n",
+          Describe(failures[i], failures[i].failure_class == v1::NETWORK));
     }
   }
   absl::StrAppend(&out, thin, "\nRoot Cause (first observed failure):\n");

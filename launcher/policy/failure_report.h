@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ctrun/v1/rendezvous.pb.h"
 
 namespace ctrun {
 
@@ -34,6 +35,9 @@ struct WorkerFailureRecord {
   // Recorded by another node (the job's root cause, as the rendezvous
   // told it): its error file is there, not here.
   bool remote = false;
+  // What it most likely was (classify_failure.h), and the line that said.
+  v1::FailureClass failure_class = v1::OTHER;
+  std::string error;
 
   // The code ctrun exits with for this failure: kHangExitCode for a hang,
   // else its exit code, or 128 + signal.
@@ -51,7 +55,8 @@ struct ErrorFileContents {
 };
 
 // NOT_FOUND when the worker wrote no file; INVALID_ARGUMENT when it is not
-// JSON of that shape.
+// JSON of that shape, or not a regular file of at most 1 MiB (a FIFO put
+// there is never waited on).
 absl::StatusOr<ErrorFileContents> ReadErrorFile(const std::string& path);
 
 // The summary block: `failures` in the order seen, the first being the root

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace ctrun {
 namespace {
@@ -54,6 +55,38 @@ std::string ReadProcFile(const std::string& path, size_t limit) {
   }
   close(fd);
   return text;
+}
+
+std::optional<uint64_t> ParseOomKill(const std::string& text) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    uint64_t n = 0;
+    if (absl::ConsumePrefix(&line, "oom_kill ") && absl::SimpleAtoi(line, &n)) {
+      return n;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> CgroupOomKills() {
+  // Lines "ID:CONTROLLERS:PATH": v2's is "0::PATH", v1's memory one
+  // "N:memory:PATH".
+  for (absl::string_view line :
+       absl::StrSplit(ReadProcFile("/proc/self/cgroup", 64 << 10), '\n')) {
+    const std::vector<absl::string_view> parts =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    std::string file;
+    if (parts[0] == "0" && parts[1].empty()) {
+      file = absl::StrCat("/sys/fs/cgroup", parts[2], "/memory.events");
+    } else if (parts[1] == "memory") {
+      file = absl::StrCat("/sys/fs/cgroup/memory", parts[2],
+                          "/memory.oom_control");
+    } else {
+      continue;
+    }
+    if (auto n = ParseOomKill(ReadProcFile(file, 4096))) return n;
+  }
+  return std::nullopt;
 }
 
 unsigned long long ProcessStartTime(pid_t pid) {

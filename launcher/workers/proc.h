@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,14 @@ namespace ctrun {
 // process that exits while std::ifstream reads its files makes the read
 // fail with ESRCH, which libstdc++ throws.
 std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20);
+
+// The OOM kills the kernel has counted in this process's memory cgroup
+// (cgroup v2's memory.events, or v1's memory.oom_control), which its
+// workers share unless something moved them; nullopt where neither file
+// says.
+std::optional<uint64_t> CgroupOomKills();
+// The N of the line "oom_kill N" in such a file's text.
+std::optional<uint64_t> ParseOomKill(const std::string& text);
 
 // The processes whose parent is `parent` now.
 std::vector<pid_t> ChildrenOf(pid_t parent);

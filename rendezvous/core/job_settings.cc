@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "rendezvous/core/failure_class.h"
 
 namespace ctrun {
 
@@ -87,6 +88,14 @@ absl::StatusOr<v1::JobSettings> ResolveJobSettings(v1::JobSettings s) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spares ", s.spares(), " is out of range (0..", kMaxSpares, ")"));
   }
+  if (s.restart_on() == 0) s.set_restart_on(RestartOnDefault());
+  if ((s.restart_on() & ~RestartOnAll()) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restart_on 0x", absl::Hex(s.restart_on()),
+        " names failure classes this service does not know (it knows ",
+        FormatRestartOn(RestartOnAll()), ": 0x", absl::Hex(RestartOnAll()),
+        ")"));
+  }
   if (s.master_port() < 0 || s.master_port() > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "master_port ", s.master_port(), " is not a port (1..65535)"));
@@ -111,7 +120,8 @@ std::string DescribeSettingsDifference(const v1::JobSettings& job,
         Field{"heartbeat_timeout_ms", job.heartbeat_timeout_ms(),
               join.heartbeat_timeout_ms()},
         Field{"master_port", job.master_port(), join.master_port()},
-        Field{"spares", job.spares(), join.spares()}}) {
+        Field{"spares", job.spares(), join.spares()},
+        Field{"restart_on", job.restart_on(), join.restart_on()}}) {
     if (f.job != f.join) {
       return absl::StrCat(f.name, " is ", f.job, " for the job, ", f.join,
                           " in this join");

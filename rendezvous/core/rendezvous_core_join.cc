@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/core/failure_class.h"
 #include "rendezvous/core/job_settings.h"
 #include "rendezvous/core/rendezvous_core.h"
 #include "rendezvous/core/rendezvous_core_state.h"
@@ -321,16 +322,32 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
         if (!hung) e.set_exit_code(failure.exit_code());
         if (failure.signal() != 0) e.set_signal(failure.signal());
         if (!failure.message().empty()) e.set_detail(failure.message());
+        e.set_failure_class(FailureClassName(failure.failure_class()));
       }
       const std::string what = DescribeFailure(node.Name(), failure);
+      const bool restarts =
+          RestartsOn(job.settings.restart_on(), failure.failure_class());
+      // Why the job fails if this failure is its last.
       const std::string final_reason =
-          absl::StrCat(what, "; no restarts left (max_restarts=",
-                       job.settings.max_restarts(), ")");
+          restarts
+              ? absl::StrCat(what, "; no restarts left (max_restarts=",
+                             job.settings.max_restarts(), ")")
+              : absl::StrCat(what, "; not restarted: ",
+                             FailureClassWords(failure.failure_class()),
+                             " (--restart_on=",
+                             FormatRestartOn(job.settings.restart_on()), ")");
       if (job.pending_failure) {
         // The first failure decides, unless its rank hung waiting in a
-        // collective and this one hung outside any: the rank it waited for.
-        if (hung && !failure.waiting() && job.root_cause &&
-            job.root_cause->hung() && job.root_cause->waiting()) {
+        // collective and this one hung outside any: the rank it waited for;
+        // or it lost a peer (a communication failure) and this one is not
+        // such a cascade.
+        const bool explains_wait = hung && !failure.waiting() &&
+                                   job.root_cause && job.root_cause->hung() &&
+                                   job.root_cause->waiting();
+        const bool explains_cascade =
+            job.root_cause && job.root_cause->failure_class() == v1::NETWORK &&
+            failure.failure_class() != v1::NETWORK;
+        if (explains_wait || explains_cascade) {
           job.pending_failure->reason = final_reason;
           job.pending_failure->deadline = std::min(
               job.pending_failure->deadline, now + limits_.failure_settle_time);
@@ -338,7 +355,7 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
         }
         return;
       }
-      if (job.restart_count >= job.settings.max_restarts()) {
+      if (!restarts || job.restart_count >= job.settings.max_restarts()) {
         job.failure_hung = hung;
         job.SetRootCause(node.Name(), failure);
         // With one node there is no other node whose loss could explain it.

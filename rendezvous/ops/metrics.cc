@@ -30,6 +30,7 @@
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
+#include "rendezvous/core/failure_class.h"
 
 namespace ctrun {
 
@@ -73,6 +74,12 @@ struct RendezvousMetrics::Families {
                    .Name("ctrund_events_total")
                    .Help("Events of the event log (docs/events.md), by name")
                    .Register(r)),
+        failures(BuildCounter()
+                     .Name("ctrund_worker_failures_total")
+                     .Help("Worker failures reported (the first of each "
+                           "round's node), by class: user_error, oom, "
+                           "hardware, network, hang, signal, other")
+                     .Register(r)),
         jobs_ended(BuildCounter()
                        .Name("ctrund_jobs_ended_total")
                        .Help("Jobs that finished or failed, by outcome")
@@ -127,6 +134,7 @@ struct RendezvousMetrics::Families {
   prometheus::Family<prometheus::Counter>& rounds;
   prometheus::Family<prometheus::Counter>& restarts;
   prometheus::Family<prometheus::Counter>& events;
+  prometheus::Family<prometheus::Counter>& failures;
   prometheus::Family<prometheus::Counter>& jobs_ended;
   prometheus::Histogram& round_seconds;
   prometheus::Family<prometheus::Histogram>& store_ops;
@@ -205,6 +213,10 @@ RendezvousMetrics::RendezvousMetrics()
   for (const char* outcome : {"finished", "failed"}) {
     families_->jobs_ended.Add({{"outcome", outcome}});
   }
+  for (int c = v1::FailureClass_MIN + 1; c <= v1::FailureClass_MAX; ++c) {
+    families_->failures.Add(
+        {{"class", FailureClassName(static_cast<v1::FailureClass>(c))}});
+  }
 }
 
 RendezvousMetrics::~RendezvousMetrics() = default;
@@ -215,6 +227,11 @@ void RendezvousMetrics::Count(const v1::Event& event) {
     families_->rounds.Add({{"reason", event.reason()}}).Increment();
     if (event.reason() != "first") {
       families_->restarts.Add({{"reason", event.reason()}}).Increment();
+    }
+  } else if (event.event() == "worker_failed" ||
+             event.event() == "worker_hung") {
+    if (event.has_failure_class()) {
+      families_->failures.Add({{"class", event.failure_class()}}).Increment();
     }
   } else if (event.event() == "round_closed") {
     families_->round_seconds.Observe(event.duration_s());

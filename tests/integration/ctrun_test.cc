@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -481,6 +483,108 @@ TEST_CASE("When the restart budget is spent the job fails",
   CHECK(c->Wait(kWait) == 4);
   CHECK(out.find("restart=1") != std::string::npos);
   CHECK(out.find("restart=2") == std::string::npos);
+}
+
+TEST_CASE(
+    "An ImportError is not restarted: one line names the class and the "
+    "error, and the job ends on its first attempt",
+    "[ctrun][integration]") {
+  // Rank 1 cannot import a module; rank 0 would run on.
+  const std::string script =
+      "echo attempt=$TORCHELASTIC_RESTART_COUNT; "
+      "if [ $RANK = 1 ]; then exec /usr/bin/python3 -c "
+      "'import ctrun_test_no_such_module'; fi; sleep 30";
+  auto c = Ctrun({"--nproc_per_node=2", "--max_restarts=3"}, script);
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 1);
+  const std::string err = c->Stderr();
+  INFO(out << err);
+  CHECK(out.find("attempt=1") == std::string::npos);
+  CHECK(err.find("restarting the workers") == std::string::npos);
+  CHECK(err.find("ctrun: worker rank 1 (local 1, pid ") != std::string::npos);
+  CHECK(err.find(") exited with code 1: user_error (ModuleNotFoundError: No "
+                 "module named 'ctrun_test_no_such_module'); stopping the "
+                 "others") != std::string::npos);
+  CHECK(err.find("ctrun: rank 1's failure is a user error "
+                 "(ModuleNotFoundError: No module named "
+                 "'ctrun_test_no_such_module'), which a restart cannot "
+                 "mend: not restarted, 3 of --max_restarts=3 left") !=
+        std::string::npos);
+  CHECK(err.find("  class      : user_error (ModuleNotFoundError") !=
+        std::string::npos);
+
+  // Asked to, ctrun restarts for it until the budget is spent.
+  auto all = Ctrun(
+      {"--nproc_per_node=2", "--max_restarts=2", "--restart_on=all"}, script);
+  const std::string all_out = all->ReadAll(kWait);
+  CHECK(all->Wait(kWait) == 1);
+  INFO(all_out << all->Stderr());
+  CHECK(all_out.find("R1| attempt=2") != std::string::npos);
+  CHECK(all->Stderr().find("which a restart cannot mend") == std::string::npos);
+}
+
+// A memory cgroup of its own for the test's length (v2, or v1's memory
+// hierarchy) limited to `bytes` without swap; empty path where this
+// machine does not let the test make one.
+struct MemoryCgroup {
+  explicit MemoryCgroup(uint64_t bytes) {
+    const std::string name = absl::StrCat("ctrun-test-", getpid());
+    for (const auto& [root, limit, swap] :
+         {std::tuple<std::string, std::string, std::string>{
+              "/sys/fs/cgroup", "memory.max", "memory.swap.max"},
+          {"/sys/fs/cgroup/memory", "memory.limit_in_bytes", ""}}) {
+      const std::string dir = root + "/" + name;
+      if (!std::filesystem::exists(root + "/" + limit) &&
+          !std::filesystem::exists(root + "/cgroup.controllers")) {
+        continue;
+      }
+      if (mkdir(dir.c_str(), 0755) != 0) continue;
+      std::ofstream(dir + "/" + limit) << bytes;
+      if (!swap.empty()) std::ofstream(dir + "/" + swap) << 0;
+      std::ifstream read_back(dir + "/" + limit);
+      uint64_t set = 0;
+      if (read_back >> set && set <= bytes) {
+        path = dir;
+        return;
+      }
+      rmdir(dir.c_str());
+    }
+  }
+  ~MemoryCgroup() {
+    // Its processes are gone once the test ended them; retry briefly for
+    // the kernel to let go.
+    for (int i = 0; !path.empty() && i < 50 && rmdir(path.c_str()) != 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  std::string path;
+};
+
+TEST_CASE(
+    "A worker the kernel's OOM killer ends is out of memory, not a signal "
+    "from outside",
+    "[ctrun][integration]") {
+  MemoryCgroup cgroup(256 << 20);
+  if (cgroup.path.empty()) {
+    WARN(
+        "no memory cgroup can be made here (not root, or no memory "
+        "controller): the OOM kill is not checked");
+    return;
+  }
+  // ctrun joins the cgroup before it starts, so its workers are in it; the
+  // worker writes 1 GiB.
+  const std::string run = absl::StrCat(
+      "echo $$ > ", cgroup.path, "/cgroup.procs && exec ", CtrunPath(),
+      " --nproc_per_node=1 --max_restarts=0 /usr/bin/python3 -c "
+      "'x = b\"m\" * (1 << 30)'");
+  ChildProcess c({"/bin/sh", "-c", run});
+  c.ReadAll(kWait);
+  CHECK(c.Wait(kWait) == 128 + SIGKILL);
+  const std::string err = c.Stderr();
+  INFO(err);
+  CHECK(err.find("was killed by SIGKILL: oom (killed by the kernel's OOM "
+                 "killer); stopping the others") != std::string::npos);
+  CHECK(err.find("  class      : oom") != std::string::npos);
 }
 
 TEST_CASE("SIGUSR1 is forwarded to the workers, which keep running",

@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "launcher/options/host_facts.h"
 #include "launcher/options/rendezvous_plan.h"
+#include "rendezvous/core/failure_class.h"
 
 namespace ctrun {
 namespace {
@@ -39,6 +40,27 @@ TEST_CASE("Flags parse in both spellings and with = or a space",
   REQUIRE(b.ok());
   CHECK(b->options.local_world_size == 4);
   CHECK(b->options.max_restarts == 3);
+}
+
+TEST_CASE(
+    "The flag --restart_on names the failure classes that restart, all but "
+    "user_error by default",
+    "[launcher][unit]") {
+  auto plain = Parse({"train"});
+  REQUIRE(plain.ok());
+  CHECK(plain->options.restart_on == RestartOnDefault());
+  auto all = Parse({"--restart_on=all", "train"});
+  REQUIRE(all.ok());
+  CHECK(all->options.restart_on == RestartOnAll());
+  auto some = Parse({"--restart-on", "oom,hang", "train"});
+  REQUIRE(some.ok());
+  CHECK(FormatRestartOn(some->options.restart_on) == "oom,hang");
+  auto bad = Parse({"--restart_on=user-error", "train"});
+  REQUIRE(absl::IsInvalidArgument(bad.status()));
+  CHECK(bad.status().message() ==
+        "--restart_on=user-error: 'user-error' is not a failure class; use a "
+        "comma-separated list of all, default, user_error, oom, hardware, "
+        "network, hang, signal, other");
 }
 
 TEST_CASE("Arguments after the entrypoint go to the script untouched",

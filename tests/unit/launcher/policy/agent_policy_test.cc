@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "rendezvous/core/failure_class.h"
 
 namespace ctrun {
 namespace {
@@ -802,7 +803,7 @@ TEST_CASE("A failed worker is reported and the others are stopped",
   h.Assign();
   h.Exit(1, 7);
   CHECK(
-      h.Said("worker rank 5 (local 1, pid 101) exited with code 7; "
+      h.Said("worker rank 5 (local 1, pid 101) exited with code 7: other; "
              "stopping the others"));
   REQUIRE(h.Reports().size() == 1);
   const v1::WorkerReport report = h.Reports()[0];
@@ -832,7 +833,7 @@ TEST_CASE("A worker stopped on the terminal is a failure, told as such",
               "worker rank 5 (local 1, pid 101) stopped on SIGTTIN trying to "
               "use the terminal, which only local rank 0 of a job in the "
               "terminal's foreground can read (give the others input another "
-              "way); ended it; stopping the others";
+              "way); ended it: user_error; stopping the others";
     }
   }
   CHECK(told);
@@ -906,6 +907,79 @@ TEST_CASE("Every failed rank is listed, the root cause first",
   stopped.Exit(0, 0, SIGTERM);
   stopped.Message(Failed("restart budget spent"));
   CHECK(absl::StrContains(stopped.Get<e::Print>().text, "<NO_OTHER_FAILURES>"));
+}
+
+TEST_CASE(
+    "A failure is classed from its last lines: reported with its class and "
+    "error, and a user error's summary says why it was not restarted",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  WorkerExit exit{1, 1, 0, absl::UnixEpoch()};
+  exit.last_lines = {"Traceback (most recent call last):",
+                     "  File \"train.py\", line 1, in <module>",
+                     "ModuleNotFoundError: No module named 'tarnsformers'"};
+  AgentEffects effects;
+  h.policy().OnWorkerExit(exit, h.now(), &effects);
+  std::optional<v1::WorkerFailure> reported;
+  for (const auto& effect : effects) {
+    if (auto* s = std::get_if<e::Send>(&effect);
+        s != nullptr && s->message.has_worker_report()) {
+      reported = s->message.worker_report().failure();
+    }
+  }
+  REQUIRE(reported);
+  CHECK(reported->failure_class() == v1::USER_ERROR);
+  CHECK(reported->message() ==
+        "ModuleNotFoundError: No module named 'tarnsformers'");
+  h.Exit(0, 0, SIGTERM);
+  v1::ServerMessage failed = Failed("not restarted: a user error");
+  *failed.mutable_job_failed()->mutable_root_cause() = *reported;
+  failed.mutable_job_failed()->set_root_cause_node("node-a:1");
+  h.Message(failed);
+  REQUIRE(h.Has<e::Print>());
+  CHECK(absl::StrContains(
+      h.Get<e::Print>().text,
+      "  class      : user_error (ModuleNotFoundError: No module named "
+      "'tarnsformers')\n"));
+  CHECK(h.ExitCode() == 1);
+  CHECK(h.Said(
+      "rank 5's failure is a user error (ModuleNotFoundError: No module named "
+      "'tarnsformers'), which a restart cannot mend: not restarted, 3 of "
+      "--max_restarts=3 left (--restart_on=default; add user_error to "
+      "restart for it)"));
+  // Restarted for, it says nothing of the kind.
+  LaunchOptions all = Options();
+  all.restart_on = RestartOnAll();
+  Harness restarts(all);
+  restarts.Assign();
+  restarts.policy().OnWorkerExit(exit, restarts.now(), &effects);
+  restarts.Exit(0, 0, SIGTERM);
+  restarts.Message(Failed("no restarts left"));
+  CHECK_FALSE(restarts.Said("which a restart cannot mend"));
+}
+
+TEST_CASE(
+    "Ranks that fail after the root cause of a communication failure are "
+    "labelled a cascade",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign();
+  h.Exit(1, 0, SIGKILL);  // the root cause
+  WorkerExit reset{0, 1, 0, absl::UnixEpoch()};
+  reset.last_lines = {
+      "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+      "Connection reset by peer"};
+  AgentEffects effects;
+  h.policy().OnWorkerExit(reset, h.now(), &effects);
+  h.Message(Failed("no restarts left"));
+  const std::string summary = h.Get<e::Print>().text;
+  const size_t root = summary.find("Root Cause");
+  const size_t cascade =
+      summary.find("class      : network, after the root cause (a cascade");
+  REQUIRE(cascade != std::string::npos);
+  CHECK(cascade < root);
+  CHECK(summary.find("class      : signal", root) != std::string::npos);
 }
 
 TEST_CASE("A job failure without a local failure exits 1 with the reason",
@@ -1742,7 +1816,8 @@ TEST_CASE("In-process recovery keeps the survivors and replaces the dead rank",
   h.Progress(Resilient({true, true, true}));
   h.Exit(1, 0, SIGKILL);
   CHECK(
-      h.Said("worker rank 5 (local 1, pid 101) was killed by SIGKILL; the "
+      h.Said("worker rank 5 (local 1, pid 101) was killed by SIGKILL: signal; "
+             "the "
              "others keep running (--recovery=inprocess)"));
   REQUIRE(h.Reports().size() == 1);
   CHECK(h.Reports()[0].state() == v1::WorkerReport::FAILED);

@@ -2,6 +2,7 @@
 #include "launcher/policy/failure_report.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -32,6 +33,13 @@ TEST_CASE("Error files in torch's record format are read", "[launcher][unit]") {
   const std::string junk = TempFile("not json");
   CHECK(absl::IsInvalidArgument(ReadErrorFile(junk).status()));
   unlink(junk.c_str());
+  // A FIFO that a worker put in its error file's place, nobody writing
+  // it: refused at once, not waited on.
+  const std::string fifo = TempFile("");
+  unlink(fifo.c_str());
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(absl::IsInvalidArgument(ReadErrorFile(fifo).status()));
+  unlink(fifo.c_str());
 }
 
 TEST_CASE("The failure summary shows the root cause first with its signal",

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "rendezvous/core/failure_class.h"
+
 namespace ctrun {
 namespace {
 
@@ -46,6 +48,41 @@ TEST_CASE("Settings difference names the first differing field",
   b.set_join_timeout_ms(5);
   CHECK(DescribeSettingsDifference(a, b) ==
         "join_timeout_ms is 0 for the job, 5 in this join");
+}
+
+TEST_CASE(
+    "Failure classes to restart on: read from a list, written back alike, "
+    "the default all but user_error, unknown ones refused naming the names",
+    "[rendezvous][unit]") {
+  CHECK(FormatRestartOn(*ParseRestartOn("all")) == "all");
+  CHECK(FormatRestartOn(*ParseRestartOn("default")) == "default");
+  CHECK(FormatRestartOn(0) == "default");
+  CHECK(*ParseRestartOn("default") == RestartOnDefault());
+  CHECK(FormatRestartOn(*ParseRestartOn("oom, network,oom")) == "oom,network");
+  CHECK(*ParseRestartOn("default,user_error") == RestartOnAll());
+  CHECK_FALSE(RestartsOn(0, v1::USER_ERROR));
+  CHECK(RestartsOn(0, v1::FAILURE_CLASS_UNSPECIFIED));  // read as other
+  CHECK(RestartsOn(*ParseRestartOn("other"), v1::FAILURE_CLASS_UNSPECIFIED));
+  CHECK_FALSE(RestartsOn(*ParseRestartOn("hang"), v1::OTHER));
+  for (const char* bad : {"", "typo", "oom,", "OOM"}) {
+    CAPTURE(bad);
+    auto parsed = ParseRestartOn(bad);
+    REQUIRE(absl::IsInvalidArgument(parsed.status()));
+    CHECK(parsed.status().message().find(
+              "is not a failure class; use a comma-separated list of all, "
+              "default, user_error, oom, hardware, network, hang, signal, "
+              "other") != std::string::npos);
+  }
+  // A job's settings take the default for 0 and refuse classes unknown
+  // here; a join that asks for other classes names the difference.
+  v1::JobSettings in;
+  CHECK(ResolveJobSettings(in)->restart_on() == RestartOnDefault());
+  in.set_restart_on(1u << 20);
+  CHECK(absl::IsInvalidArgument(ResolveJobSettings(in).status()));
+  v1::JobSettings a, b;
+  b.set_restart_on(RestartOnAll());
+  CHECK(DescribeSettingsDifference(a, b).find("restart_on is 0 for the job") ==
+        0);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/core/failure_class.h"
 #include "rendezvous/durable/journal.h"
 
 namespace ctrun {
@@ -69,14 +70,17 @@ class Harness {
           static_cast<int32_t>(30000 + s));
     });
   }
-  void Report(SessionId s, int64_t round, v1::WorkerReport::State state) {
+  // A failure: rank `rank` exits 7, of class `failure_class`.
+  void Report(SessionId s, int64_t round, v1::WorkerReport::State state,
+              v1::FailureClass failure_class = v1::OTHER, int rank = 3) {
     Send(s, [&](v1::AgentMessage& m) {
       auto* r = m.mutable_worker_report();
       r->set_round(round);
       r->set_state(state);
       if (state == v1::WorkerReport::FAILED) {
-        r->mutable_failure()->set_global_rank(3);
+        r->mutable_failure()->set_global_rank(rank);
         r->mutable_failure()->set_exit_code(7);
+        r->mutable_failure()->set_failure_class(failure_class);
       }
     });
   }
@@ -549,6 +553,89 @@ TEST_CASE("A failure with no restart left fails the job",
   REQUIRE(f);
   CHECK(f->reason().find("no restarts left") != std::string::npos);
   CHECK(h.core().DescribeJob("job", h.now())->phase() == v1::JobStatus::FAILED);
+}
+
+TEST_CASE(
+    "A failure of a class the job does not restart for fails it at once, "
+    "with restarts left",
+    "[rendezvous][unit]") {
+  {
+    // One node: at once.
+    Harness h(1, 1, 3);
+    h.Join(1, "a");
+    h.Report(1, 0, v1::WorkerReport::FAILED, v1::USER_ERROR);
+    auto f = h.LastFailed(1);
+    REQUIRE(f);
+    CHECK_FALSE(h.LastRestart(1));
+    CHECK(f->reason() ==
+          "worker rank 3 (local 0) on a:1001 exited with code 7; not "
+          "restarted: a user error (--restart_on=default)");
+    CHECK(f->root_cause().failure_class() == v1::USER_ERROR);
+    CHECK(h.events().back().event() == "job_failed");
+    bool classed = false;
+    for (const v1::Event& e : h.events()) {
+      if (e.event() == "worker_failed") {
+        classed = e.failure_class() == "user_error";
+      }
+    }
+    CHECK(classed);
+  }
+  {
+    // Two nodes: after the settle time, as for no restarts left.
+    Harness h(2, 2, 3);
+    h.Join(1, "a");
+    h.Join(2, "b");
+    h.Report(2, 0, v1::WorkerReport::FAILED, v1::USER_ERROR);
+    CHECK_FALSE(h.LastFailed(1));
+    h.Advance(absl::Milliseconds(1500));
+    REQUIRE(h.LastFailed(1));
+    CHECK_FALSE(h.LastRestart(1));
+    CHECK(h.LastFailed(2)->root_cause().failure_class() == v1::USER_ERROR);
+  }
+  // Every other class, and an agent that names none, restarts by default.
+  for (v1::FailureClass c :
+       {v1::FAILURE_CLASS_UNSPECIFIED, v1::OUT_OF_MEMORY, v1::HARDWARE,
+        v1::NETWORK, v1::HANG, v1::SIGNAL, v1::OTHER}) {
+    Harness h(1, 1, 3);
+    h.Join(1, "a");
+    h.Report(1, 0, v1::WorkerReport::FAILED, c);
+    CAPTURE(v1::FailureClass_Name(c));
+    CHECK(h.LastRestart(1));
+    CHECK_FALSE(h.LastFailed(1));
+  }
+  // --restart_on=all restarts a user error; --restart_on=network does not
+  // restart running out of memory.
+  Harness all(1, 1, 3);
+  all.settings().set_restart_on(RestartOnAll());
+  all.Join(1, "a");
+  all.Report(1, 0, v1::WorkerReport::FAILED, v1::USER_ERROR);
+  CHECK(all.LastRestart(1));
+  Harness network(1, 1, 3);
+  network.settings().set_restart_on(*ParseRestartOn("network"));
+  network.Join(1, "a");
+  network.Report(1, 0, v1::WorkerReport::FAILED, v1::OUT_OF_MEMORY);
+  REQUIRE(network.LastFailed(1));
+  CHECK(network.LastFailed(1)->reason().find(
+            "not restarted: out of memory (--restart_on=network)") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "A communication failure gives way, as root cause, to a failure of "
+    "another class reported within the settle time",
+    "[rendezvous][unit]") {
+  Harness h(2, 2, 0);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(2, 0, v1::WorkerReport::FAILED, v1::NETWORK);  // peer gone
+  h.Report(1, 0, v1::WorkerReport::FAILED, v1::OTHER, /*rank=*/0);
+  h.Advance(absl::Milliseconds(1500));
+  for (SessionId s : {1, 2}) {
+    auto failed = h.LastFailed(s);
+    REQUIRE(failed);
+    CHECK(failed->root_cause().global_rank() == 0);
+    CHECK(failed->root_cause_node() == "a:1001");
+  }
 }
 
 TEST_CASE("A failed job names its root cause to every node",
