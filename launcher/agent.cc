@@ -366,6 +366,11 @@ void Agent::OnSignals() {
             e.oom_killed = now_kills && *now_kills > *oom_kills_;
           }
           e.last_lines = workers_->LastLines(e.local_rank);
+          if (board_) {
+            for (const ProgressSample& s : board_->Read()) {
+              e.attempt_stepped |= s.beats > 0 || s.sections_done > 0;
+            }
+          }
           if (auto contents = ReadErrorFile(policy_.ErrorFileOf(e.local_rank));
               contents.ok()) {
             e.error_message = std::move(contents->message);

@@ -74,6 +74,11 @@ constexpr FlagSpec kFlags[] = {
      "the worker failures that spend a restart: all, or user_error, oom, "
      "hardware, network, hang, signal, other (default: all but "
      "user_error, so that an ImportError or a typo stops the job at once)"},
+    {"min_progress_seconds", 0, Kind::kValue, "0", "SECONDS",
+     "for workers that send no progress signals: an attempt shorter than "
+     "this made no progress (with signals: one without a step made none); "
+     "three failed attempts in a row without progress stop the job with "
+     "exit code 78, do not requeue (0: only by signals)"},
     {"spares", 0, Kind::kValue, "0", "K",
      "up to K nodes beyond --nnodes's maximum wait as hot spares, workers "
      "ready (warm Python, or parked in ctrun.wait_for_slot()); a lost "
@@ -832,6 +837,8 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
     return BadValue(raw, "restart_on", restart_on.status().message());
   }
   o.restart_on = *restart_on;
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "min_progress_seconds", &o.min_progress));
   absl::Duration unused_interval;
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "monitor_interval", &unused_interval));

@@ -112,6 +112,9 @@ struct LaunchOptions {
   // --restart_on: the failure classes that restart (failure_class.h); 0:
   // the default.
   uint32_t restart_on = 0;
+  // --min_progress_seconds: for workers without progress signals, an
+  // attempt shorter than this made no progress; zero: never so.
+  absl::Duration min_progress = absl::ZeroDuration();
   // --spares: nodes beyond max_nodes the job keeps ready to take a lost
   // node's slot; --segment: this node's label for choosing among them.
   int spares = 0;

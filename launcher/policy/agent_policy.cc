@@ -155,6 +155,7 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
       if (ending_ < Ending::kJobFailed) {
         job_failure_ = m.job_failed().reason();
         job_hung_ = m.job_failed().hung();
+        job_no_progress_ = m.job_failed().no_progress();
         if (m.job_failed().has_root_cause()) {
           root_cause_ = RootCause(m.job_failed());
         }
@@ -475,6 +476,7 @@ void AgentPolicy::Report(AgentEffects* effects) const {
     f->set_pid(failure.pid);
     f->set_time_us(absl::ToUnixMicros(failure.time));
     f->set_failure_class(failure.failure_class);
+    f->set_no_progress(failure.no_progress);
     if (!failure.cause.empty()) {
       f->set_message(failure.cause);
     } else if (!failure.error.empty()) {
@@ -784,7 +786,16 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
                          "' expired")
       : e.signal ? absl::StrCat("was killed by ", SignalName(e.signal))
                  : absl::StrCat("exited with code ", e.exit_code);
-  const WorkerFailureRecord failure = ExitFailure(*it, e, timer_cause);
+  WorkerFailureRecord failure = ExitFailure(*it, e, timer_cause);
+  // Progress: a step signalled, in a job that signals steps; else, with
+  // --min_progress_seconds, a long enough run.
+  stepped_ever_ |= e.attempt_stepped;
+  if (stepped_ever_) {
+    failure.no_progress = !e.attempt_stepped;
+  } else {
+    const absl::Duration min = config_.options.min_progress;
+    failure.no_progress = min > absl::ZeroDuration() && now - it->started < min;
+  }
   Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
                     ", pid ", it->pid, ") ", how, ": ",
                     FailureClassName(failure.failure_class),
@@ -806,6 +817,7 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
   for (size_t i = 0; i < samples.size() && i < workers_.size(); ++i) {
     workers_[i].resilient = samples[i].resilient;
     workers_[i].round_left = samples[i].round_left;
+    stepped_ever_ |= samples[i].beats > 0 || samples[i].sections_done > 0;
   }
   const std::vector<SilentWorker> silent = monitor_.Observe(samples, now);
   if (const std::vector<int> ranks = monitor_.TakeUnsignalled();
@@ -1334,6 +1346,16 @@ int AgentPolicy::ExitCode(AgentEffects* effects) const {
                             "; add ", FailureClassName(root.failure_class),
                             " to restart for it)"),
                effects);
+        }
+        if (job_no_progress_) {
+          Tell(absl::StrCat("the job's last attempts made no progress: "
+                            "exiting ",
+                            kNoProgressExitCode,
+                            ", which says not to requeue it (the root "
+                            "cause's own code was ",
+                            root.ExitCode(), ")"),
+               effects);
+          return kNoProgressExitCode;
         }
         return root.ExitCode();
       }

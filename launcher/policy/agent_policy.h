@@ -277,6 +277,9 @@ struct WorkerExit {
   // Killed by SIGKILL while the kernel counted an OOM kill in the agent's
   // memory cgroup since the workers started.
   bool oom_killed = false;
+  // Some worker of this node signalled a step (a heartbeat, an outermost
+  // section's end) in this attempt.
+  bool attempt_stepped = false;
 };
 
 class AgentPolicy {
@@ -550,6 +553,9 @@ class AgentPolicy {
   std::vector<std::string> refunds_;
   // The job failed because a worker hung (JobFailed.hung).
   bool job_hung_ = false;
+  bool job_no_progress_ = false;
+  // A worker of this node signalled a step in some attempt.
+  bool stepped_ever_ = false;
 
   ProgressMonitor monitor_;
   FileTimers timers_;

@@ -17,6 +17,9 @@ namespace ctrun {
 
 // ctrun's exit code when a hang ended the job (as timeout(1) exits).
 inline constexpr int kHangExitCode = 124;
+// ctrun's exit code when attempts in a row made no progress: requeueing
+// the job would not help (sysexits' EX_CONFIG).
+inline constexpr int kNoProgressExitCode = 78;
 
 struct WorkerFailureRecord {
   absl::Time time;  // when the agent saw it exit
@@ -37,7 +40,9 @@ struct WorkerFailureRecord {
   bool remote = false;
   // What it most likely was (classify_failure.h), and the line that said.
   v1::FailureClass failure_class = v1::OTHER;
-  std::string error;
+  std::string error{};
+  // Its attempt made no progress on this node (WorkerFailure.no_progress).
+  bool no_progress = false;
 
   // The code ctrun exits with for this failure: kHangExitCode for a hang,
   // else its exit code, or 128 + signal.

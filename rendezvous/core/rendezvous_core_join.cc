@@ -16,6 +16,7 @@ using core_internal::kMaxFailureMessageBytes;
 using core_internal::kMaxLearnedSections;
 using core_internal::kMaxLostShown;
 using core_internal::kMaxSectionBytes;
+using core_internal::kNoProgressFailures;
 using core_internal::Utf8Prefix;
 using core_internal::ValidateJoin;
 
@@ -325,17 +326,30 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
         e.set_failure_class(FailureClassName(failure.failure_class()));
       }
       const std::string what = DescribeFailure(node.Name(), failure);
-      const bool restarts =
-          RestartsOn(job.settings.restart_on(), failure.failure_class());
+      if (!job.pending_failure) {
+        job.no_progress_failures =
+            failure.no_progress() ? job.no_progress_failures + 1 : 0;
+      }
+      const bool stuck = job.no_progress_failures >= kNoProgressFailures;
+      const bool restarts = !stuck && RestartsOn(job.settings.restart_on(),
+                                                 failure.failure_class());
       // Why the job fails if this failure is its last.
-      const std::string final_reason =
-          restarts
-              ? absl::StrCat(what, "; no restarts left (max_restarts=",
-                             job.settings.max_restarts(), ")")
-              : absl::StrCat(what, "; not restarted: ",
-                             FailureClassWords(failure.failure_class()),
-                             " (--restart_on=",
-                             FormatRestartOn(job.settings.restart_on()), ")");
+      std::string final_reason;
+      if (stuck) {
+        final_reason = absl::StrCat(
+            what, "; no progress in ", kNoProgressFailures,
+            " attempts in a row, so not restarted (",
+            std::max(0, job.settings.max_restarts() - job.restart_count),
+            " of max_restarts=", job.settings.max_restarts(), " left)");
+      } else if (restarts) {
+        final_reason = absl::StrCat(what, "; no restarts left (max_restarts=",
+                                    job.settings.max_restarts(), ")");
+      } else {
+        final_reason = absl::StrCat(
+            what,
+            "; not restarted: ", FailureClassWords(failure.failure_class()),
+            " (--restart_on=", FormatRestartOn(job.settings.restart_on()), ")");
+      }
       if (job.pending_failure) {
         // The first failure decides, unless its rank hung waiting in a
         // collective and this one hung outside any: the rank it waited for;
@@ -357,6 +371,7 @@ void RendezvousCore::OnWorkerReport(Job& job, Node& node,
       }
       if (!restarts || job.restart_count >= job.settings.max_restarts()) {
         job.failure_hung = hung;
+        job.failure_no_progress = stuck;
         job.SetRootCause(node.Name(), failure);
         // With one node there is no other node whose loss could explain it.
         if (job.settings.max_nodes() == 1) {

@@ -203,6 +203,7 @@ void RendezvousCore::FailJob(Job& job, const std::string& reason,
     m.mutable_job_failed()->set_reason(reason);
     m.mutable_job_failed()->set_job_id(job.id);
     m.mutable_job_failed()->set_hung(job.failure_hung);
+    m.mutable_job_failed()->set_no_progress(job.failure_no_progress);
     if (job.root_cause) {
       *m.mutable_job_failed()->mutable_root_cause() = *job.root_cause;
       m.mutable_job_failed()->set_root_cause_node(job.root_cause_node);

@@ -131,6 +131,10 @@ struct RendezvousCore::Job {
   StragglerWatch stragglers;
   // A hung worker's failure (with pending_failure): the job fails as hung.
   bool failure_hung = false;
+  // Worker failures in a row whose attempt made no progress, and whether
+  // that failed the job.
+  int no_progress_failures = 0;
+  bool failure_no_progress = false;
 
   void FillLongest(
       google::protobuf::RepeatedPtrField<v1::LearnedInterval>* out) const {
@@ -207,6 +211,9 @@ inline constexpr int kMaxOtherJobsInProgress = 4;
 inline constexpr size_t kMaxHostBytes = 255;
 inline constexpr int32_t kMaxLocalWorldSize = 65536;
 inline constexpr size_t kMaxFailureMessageBytes = 4096;
+// Worker failures in a row, each of an attempt that made no progress, that
+// fail a job whatever restarts it has left.
+inline constexpr int kNoProgressFailures = 3;
 // Sections a job learns at most, and the longest name.
 inline constexpr size_t kMaxLearnedSections = 64;
 inline constexpr size_t kMaxSectionBytes = 63;

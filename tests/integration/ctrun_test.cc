@@ -587,6 +587,26 @@ TEST_CASE(
   CHECK(err.find("  class      : oom") != std::string::npos);
 }
 
+TEST_CASE(
+    "Attempts that fail in a row without progress stop the job with exit "
+    "code 78, restarts left",
+    "[ctrun][integration]") {
+  // No progress signals: each attempt fails long before 30 s.
+  auto c = Ctrun(
+      {"--nproc_per_node=2", "--max_restarts=10", "--min_progress_seconds=30"},
+      "echo attempt=$TORCHELASTIC_RESTART_COUNT; "
+      "if [ $RANK = 1 ]; then exit 3; fi; sleep 30");
+  const std::string out = c->ReadAll(kWait);
+  CHECK(c->Wait(kWait) == 78);
+  const std::string err = c->Stderr();
+  INFO(out << err);
+  CHECK(out.find("R1| attempt=2") != std::string::npos);
+  CHECK(out.find("attempt=3") == std::string::npos);
+  CHECK(err.find("ctrun: the job's last attempts made no progress: exiting "
+                 "78, which says not to requeue it (the root cause's own "
+                 "code was 3)") != std::string::npos);
+}
+
 TEST_CASE("SIGUSR1 is forwarded to the workers, which keep running",
           "[ctrun][integration]") {
   auto c = Ctrun({"--nproc_per_node=2"},

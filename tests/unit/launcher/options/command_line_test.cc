@@ -413,7 +413,8 @@ TEST_CASE("Flags may be abbreviated as in torchrun, and typos get a suggestion",
   CHECK(abbreviated->options.standalone);
   CHECK(Parse({"--m=1", "t"}).status().message() ==
         "ambiguous flag '--m': it could be --max_restarts, "
-        "--monitor_interval, --module, --master_addr, --master_port, "
+        "--min_progress_seconds, --monitor_interval, --module, "
+        "--master_addr, --master_port, "
         "--metrics_listen");
   CHECK(Parse({"--nprocs-per-node=2", "t"}).status().message() ==
         "unknown flag '--nprocs-per-node'; did you mean --nproc_per_node? see "

@@ -982,6 +982,62 @@ TEST_CASE(
   CHECK(summary.find("class      : signal", root) != std::string::npos);
 }
 
+TEST_CASE(
+    "An attempt without progress is reported so: no step in a job that "
+    "steps, or a short run by --min_progress_seconds; such a job failure "
+    "exits 78",
+    "[agent][unit]") {
+  auto reported = [](Harness& h, WorkerExit exit) {
+    AgentEffects effects;
+    h.policy().OnWorkerExit(exit, h.now(), &effects);
+    for (const auto& effect : effects) {
+      if (auto* s = std::get_if<e::Send>(&effect);
+          s != nullptr && s->message.has_worker_report()) {
+        return s->message.worker_report().failure();
+      }
+    }
+    FAIL("no failure reported");
+    return v1::WorkerFailure();
+  };
+  const WorkerExit quick{1, 3, 0, absl::UnixEpoch()};
+  // No signals, no --min_progress_seconds: nothing to tell progress by.
+  Harness plain;
+  plain.Assign();
+  CHECK_FALSE(reported(plain, quick).no_progress());
+  // No signals: shorter than --min_progress_seconds is no progress.
+  LaunchOptions o = Options();
+  o.min_progress = absl::Seconds(30);
+  Harness timed(o);
+  timed.Assign();
+  CHECK(reported(timed, quick).no_progress());
+  // A job whose workers stepped once: an attempt without a step made none,
+  // one with a step did, however short.
+  Harness stepped;
+  stepped.Assign();
+  WorkerExit after_steps = quick;
+  after_steps.attempt_stepped = true;
+  CHECK_FALSE(reported(stepped, after_steps).no_progress());
+  stepped.Exit(0, 0, SIGTERM);
+  stepped.Message(Restart(1));
+  stepped.Assign(1);
+  const v1::WorkerFailure none = reported(stepped, quick);
+  CHECK(none.no_progress());
+
+  // The job failed for it: the summary, then exit 78 said.
+  stepped.Exit(0, 0, SIGTERM);
+  v1::ServerMessage failed = Failed("no progress in 3 attempts in a row");
+  failed.mutable_job_failed()->set_no_progress(true);
+  *failed.mutable_job_failed()->mutable_root_cause() = none;
+  failed.mutable_job_failed()->set_root_cause_node("node-a:1");
+  stepped.Message(failed);
+  CHECK(stepped.Has<e::Print>());
+  CHECK(stepped.ExitCode() == kNoProgressExitCode);
+  CHECK(
+      stepped.Said("the job's last attempts made no progress: exiting 78, "
+                   "which says not to requeue it (the root cause's own "
+                   "code was 3)"));
+}
+
 TEST_CASE("A job failure without a local failure exits 1 with the reason",
           "[agent][unit]") {
   Harness h;

@@ -70,9 +70,11 @@ class Harness {
           static_cast<int32_t>(30000 + s));
     });
   }
-  // A failure: rank `rank` exits 7, of class `failure_class`.
+  // A failure: rank `rank` exits 7, of class `failure_class`, its attempt
+  // having made progress or not.
   void Report(SessionId s, int64_t round, v1::WorkerReport::State state,
-              v1::FailureClass failure_class = v1::OTHER, int rank = 3) {
+              v1::FailureClass failure_class = v1::OTHER, int rank = 3,
+              bool no_progress = false) {
     Send(s, [&](v1::AgentMessage& m) {
       auto* r = m.mutable_worker_report();
       r->set_round(round);
@@ -81,6 +83,7 @@ class Harness {
         r->mutable_failure()->set_global_rank(rank);
         r->mutable_failure()->set_exit_code(7);
         r->mutable_failure()->set_failure_class(failure_class);
+        r->mutable_failure()->set_no_progress(no_progress);
       }
     });
   }
@@ -636,6 +639,43 @@ TEST_CASE(
     CHECK(failed->root_cause().global_rank() == 0);
     CHECK(failed->root_cause_node() == "a:1001");
   }
+}
+
+TEST_CASE(
+    "Three failures in a row of attempts without progress fail the job, "
+    "restarts left or not; one with progress starts the count again",
+    "[rendezvous][unit]") {
+  Harness h(1, 1, 10);
+  h.Join(1, "a");
+  int64_t round = 0;
+  auto fail = [&](bool no_progress) {
+    h.Report(1, round, v1::WorkerReport::FAILED, v1::OTHER, 3, no_progress);
+    if (h.LastFailed(1)) return;
+    h.Rejoin(1, ++round);
+  };
+  fail(true);
+  fail(true);
+  fail(false);  // this attempt stepped
+  fail(true);
+  fail(true);
+  CHECK_FALSE(h.LastFailed(1));
+  CHECK(round == 5);
+  fail(true);
+  auto failed = h.LastFailed(1);
+  REQUIRE(failed);
+  CHECK(failed->no_progress());
+  CHECK(failed->reason() ==
+        "worker rank 3 (local 0) on a:1001 exited with code 7; no progress "
+        "in 3 attempts in a row, so not restarted (5 of max_restarts=10 "
+        "left)");
+  // A job whose failures all made progress spends its restarts as before.
+  Harness stepping(1, 1, 1);
+  stepping.Join(1, "a");
+  stepping.Report(1, 0, v1::WorkerReport::FAILED);
+  stepping.Rejoin(1, 1);
+  stepping.Report(1, 1, v1::WorkerReport::FAILED);
+  REQUIRE(stepping.LastFailed(1));
+  CHECK_FALSE(stepping.LastFailed(1)->no_progress());
 }
 
 TEST_CASE("A failed job names its root cause to every node",
