@@ -44,6 +44,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -310,6 +311,28 @@ std::unique_ptr<SessionStream> OpenJob(const Connection& c) {
   return stream;
 }
 
+// Calls of `call(client)` per second, by `clients` threads calling it in a
+// loop for `seconds`.
+double CallsPerSecond(int clients, double seconds,
+                      const std::function<void(int)>& call) {
+  std::atomic<bool> stop{false};
+  std::atomic<long> calls{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      long n = 0;
+      for (; !stop; ++n) call(i);
+      calls += n;
+    });
+  }
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  stop = true;
+  for (auto& t : threads) t.join();
+  return static_cast<double>(calls) /
+         absl::ToDoubleSeconds(absl::Now() - start);
+}
+
 // Blocking `get`s of one key, or `set`s of 64-byte values (each client its
 // own key), by `clients` clients on their own connections for `seconds`;
 // operations per second.
@@ -321,28 +344,13 @@ double OpsPerSecond(const DaemonProcess& daemon, bool get, int clients,
         std::make_unique<StoreClient>(Connect(daemon.endpoint()), "bench", 0));
   }
   if (!stores[0]->Set("key", std::string(64, 'v')).ok()) Die("set failed");
-  std::atomic<bool> stop{false};
-  std::atomic<long> ops{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < clients; ++i) {
-    threads.emplace_back([&, i] {
-      long n = 0;
-      const std::string key = get ? "key" : absl::StrCat("key", i);
-      const std::string value(64, 'v');
-      while (!stop) {
-        const absl::Status s =
-            get ? stores[i]->Get(key).status() : stores[i]->Set(key, value);
-        if (!s.ok()) Die("store operation failed: " + s.ToString());
-        ++n;
-      }
-      ops += n;
-    });
-  }
-  const absl::Time start = absl::Now();
-  absl::SleepFor(absl::Seconds(seconds));
-  stop = true;
-  for (auto& t : threads) t.join();
-  return static_cast<double>(ops) / absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string value(64, 'v');
+  return CallsPerSecond(clients, seconds, [&](int i) {
+    const std::string key = get ? "key" : absl::StrCat("key", i);
+    const absl::Status s =
+        get ? stores[i]->Get(key).status() : stores[i]->Set(key, value);
+    if (!s.ok()) Die("store operation failed: " + s.ToString());
+  });
 }
 
 int Store(const std::string& ctrund, int clients, double seconds) {
@@ -372,28 +380,15 @@ int EtcdFloor(int clients, double seconds) {
     etcds.push_back(std::move(*client));
   }
   const std::string prefix = absl::StrCat("/rdzv_bench/floor/", getpid(), "/");
-  std::atomic<bool> stop{false};
-  std::atomic<long> ops{0};
-  std::vector<std::thread> threads;
+  std::vector<etcdserverpb::TxnRequest> puts(clients);
   for (int i = 0; i < clients; ++i) {
-    threads.emplace_back([&, i] {
-      etcdserverpb::TxnRequest txn;
-      auto* put = txn.add_success()->mutable_request_put();
-      put->set_key(absl::StrCat(prefix, i));
-      put->set_value(std::string(64, 'v'));
-      long n = 0;
-      while (!stop) {
-        if (auto s = etcds[i]->Txn(txn); !s.ok()) Die(s.status().ToString());
-        ++n;
-      }
-      ops += n;
-    });
+    auto* put = puts[i].add_success()->mutable_request_put();
+    put->set_key(absl::StrCat(prefix, i));
+    put->set_value(std::string(64, 'v'));
   }
-  const absl::Time start = absl::Now();
-  absl::SleepFor(absl::Seconds(seconds));
-  stop = true;
-  for (auto& t : threads) t.join();
-  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  const double per_second = CallsPerSecond(clients, seconds, [&](int i) {
+    if (auto s = etcds[i]->Txn(puts[i]); !s.ok()) Die(s.status().ToString());
+  });
   etcdserverpb::TxnRequest clean;
   auto* range = clean.add_success()->mutable_request_delete_range();
   range->set_key(prefix);
@@ -402,7 +397,7 @@ int EtcdFloor(int clients, double seconds) {
   std::printf(
       "{\"bench\":\"store\",\"op\":\"etcd-put\",\"clients\":%d,"
       "\"ops_per_s\":%.0f}\n",
-      clients, static_cast<double>(ops) / elapsed);
+      clients, per_second);
   return 0;
 }
 
