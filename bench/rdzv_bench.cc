@@ -375,7 +375,9 @@ int EtcdFloor(int clients, double seconds) {
   if (etcd_endpoints.empty()) Die("etcd-floor needs --etcd ENDPOINTS");
   std::vector<std::unique_ptr<EtcdClient>> etcds;
   for (int i = 0; i < clients; ++i) {
-    auto client = EtcdClient::Open({.endpoints = etcd_endpoints});
+    EtcdOptions options;
+    options.endpoints = etcd_endpoints;
+    auto client = EtcdClient::Open(options);
     if (!client.ok()) Die(client.status().ToString());
     etcds.push_back(std::move(*client));
   }

@@ -272,8 +272,8 @@ struct WorkerExit {
   uint64_t peak_rss_bytes = 0;
   // For its failure's class (classify_failure.h): its error file's message
   // and its last output lines, as the agent read them when it was reaped.
-  std::string error_message;
-  std::vector<std::string> last_lines;
+  std::string error_message{};
+  std::vector<std::string> last_lines{};
   // Killed by SIGKILL while the kernel counted an OOM kill in the agent's
   // memory cgroup since the workers started.
   bool oom_killed = false;

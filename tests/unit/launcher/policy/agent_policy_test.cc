@@ -984,7 +984,7 @@ TEST_CASE(
 
 TEST_CASE(
     "An attempt without progress is reported so: no step in a job that "
-    "steps, or a short run by --min_progress_seconds; such a job failure "
+    "steps, or a short run by --min_progress_seconds, and such a job failure "
     "exits 78",
     "[agent][unit]") {
   auto reported = [](Harness& h, WorkerExit exit) {

@@ -98,7 +98,7 @@ TEST_CASE("Hardware and driver faults, before communication failures",
 }
 
 TEST_CASE(
-    "Signals from outside, crashes, hangs and plain failures; the error "
+    "Signals from outside, crashes, hangs and plain failures, and the error "
     "file first",
     "[launcher][unit]") {
   FailureFacts killed;

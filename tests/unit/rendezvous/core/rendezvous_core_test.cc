@@ -643,7 +643,7 @@ TEST_CASE(
 
 TEST_CASE(
     "Three failures in a row of attempts without progress fail the job, "
-    "restarts left or not; one with progress starts the count again",
+    "restarts left or not, and one with progress starts the count again",
     "[rendezvous][unit]") {
   Harness h(1, 1, 10);
   h.Join(1, "a");
