@@ -60,6 +60,9 @@ void RendezvousCore::OnMessage(SessionId session,
     case v1::AgentMessage::kProgressReport:
       OnProgressReport(job, node, message.progress_report(), now, effects);
       return;
+    case v1::AgentMessage::kStopVote:
+      OnStopVote(job, node, message.stop_vote(), now, effects);
+      return;
     case v1::AgentMessage::kHeartbeat:
     case v1::AgentMessage::KIND_NOT_SET:
       return;
@@ -155,6 +158,9 @@ void RendezvousCore::TickJob(Job& job, absl::Time now, Effects* effects) {
       now >= job.next_progress) {
     BroadcastProgress(job, now, effects);
   }
+  if (auto decided = job.stop.Tick(now)) {
+    BroadcastStop(job, *std::move(decided), effects);
+  }
 }
 
 absl::Time RendezvousCore::NextDeadline() const {
@@ -165,6 +171,7 @@ absl::Time RendezvousCore::NextDeadline() const {
         {next, job->lease_check, job->store.NextDeadline(), job->forget_at});
     if (job->pending_failure)
       next = std::min(next, job->pending_failure->deadline);
+    next = std::min(next, job->stop.deadline());
     if (job->phase != v1::JobStatus::COLLECTING) continue;
     next = std::min(next, job->last_call_deadline);
     if (job->CountIn(v1::NodeStatus::JOINED) < job->settings.min_nodes()) {

@@ -44,6 +44,8 @@
 // - Progress reports: the job keeps the longest silence reported per
 //   section across rounds (assignments carry it, Learned tells its growth)
 //   and names stragglers (straggler_watch.h) to group rank 0's node.
+// - Coordinated stops (coordinated_stop.h): a node's preemption signal
+//   makes the running round agree on one step at which every rank stops.
 // - A job is forgotten when its last session ends.
 // - Durability (ctrund --state-dir): the owner journals the jobs that each
 //   input changed (Effects::changed_jobs, SnapshotJob) and the store's
@@ -200,6 +202,11 @@ class RendezvousCore {
                 Effects* effects);
   void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
                       absl::Time now, Effects* effects);
+  // A node asks for a coordinated stop, or says its workers hold.
+  void OnStopVote(Job& job, Node& node, const v1::StopVote& vote,
+                  absl::Time now, Effects* effects);
+  // `stop` to every member of the running round.
+  void BroadcastStop(Job& job, v1::StopAt stop, Effects* effects);
   // Learned silences (kept by the job, told to its nodes when they grow)
   // and paces (stragglers, named to group rank 0's node).
   void OnProgressReport(Job& job, Node& node, const v1::ProgressReport& report,

@@ -1,5 +1,6 @@
 // Joins, resumes, rejoins, reports, and nodes leaving.
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -438,6 +439,51 @@ void RendezvousCore::OnProgressReport(Job& job, Node& node,
     v1::ServerMessage m;
     *m.mutable_straggler() = *std::move(straggler);
     effects->messages.emplace_back(job.ranked.front(), std::move(m));
+  }
+}
+
+void RendezvousCore::OnStopVote(Job& job, Node& node, const v1::StopVote& vote,
+                                absl::Time now, Effects* effects) {
+  if (vote.round() != job.round || job.phase != v1::JobStatus::RUNNING ||
+      node.state != v1::NodeStatus::ACTIVE) {
+    return;
+  }
+  if (!vote.asked().empty()) {
+    const std::string reason(
+        Utf8Prefix(vote.asked(), CoordinatedStop::kMaxReasonBytes));
+    auto hold = job.stop.Ask(job.round, reason,
+                             absl::Milliseconds(vote.hold_ms()), now);
+    if (hold) {
+      v1::Event& e = AddEvent(job.id, job.round, "stop_asked", effects);
+      e.set_node(node.Name());
+      e.set_reason(reason);
+      BroadcastStop(job, *std::move(hold), effects);
+    }
+  }
+  if (!vote.held()) return;
+  const size_t members =
+      std::count_if(job.ranked.begin(), job.ranked.end(), [&job](SessionId s) {
+        auto it = job.nodes.find(s);
+        return it != job.nodes.end() &&
+               it->second.state == v1::NodeStatus::ACTIVE;
+      });
+  if (auto decided = job.stop.Held(node.session, vote.step(), members)) {
+    BroadcastStop(job, *std::move(decided), effects);
+  }
+}
+
+void RendezvousCore::BroadcastStop(Job& job, v1::StopAt stop,
+                                   Effects* effects) {
+  if (stop.decided()) {
+    v1::Event& e = AddEvent(job.id, job.round, "stop_decided", effects);
+    e.set_reason(stop.reason());
+    e.set_step(static_cast<int32_t>(
+        std::min<int64_t>(stop.step(), std::numeric_limits<int32_t>::max())));
+  }
+  v1::ServerMessage m;
+  *m.mutable_stop_at() = std::move(stop);
+  for (SessionId member : job.ranked) {
+    if (job.nodes.contains(member)) effects->messages.emplace_back(member, m);
   }
 }
 

@@ -27,6 +27,7 @@ void RendezvousCore::OpenNextRound(Job& job, v1::RestartRequired::Reason reason,
   job.failure_hung = false;
   job.root_cause.reset();
   job.stragglers.NewRound();
+  job.stop.NewRound();
   job.last_call_deadline = absl::InfiniteFuture();
   {
     v1::Event& e = AddEvent(job.id, job.round, "round_opened", effects);

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "rendezvous/core/coordinated_stop.h"
 #include "rendezvous/core/rendezvous_core.h"
 #include "rendezvous/core/straggler_watch.h"
 
@@ -129,6 +130,8 @@ struct RendezvousCore::Job {
   // =auto): kept across rounds, so that a restarted job does not relearn.
   std::map<std::string, int64_t> longest_ms;
   StragglerWatch stragglers;
+  // The running round's coordinated stop (a preemption), if one was asked.
+  CoordinatedStop stop;
   // A hung worker's failure (with pending_failure): the job fails as hung.
   bool failure_hung = false;
   // Worker failures in a row whose attempt made no progress, and whether

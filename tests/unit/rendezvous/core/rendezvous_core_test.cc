@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/core/coordinated_stop.h"
 #include "rendezvous/core/failure_class.h"
 #include "rendezvous/durable/journal.h"
 
@@ -116,6 +117,22 @@ class Harness {
     Send(s,
          [&](v1::AgentMessage& m) { *m.mutable_progress_report() = report; });
   }
+  // A stop vote: asked by a signal (`asked` non-empty), or held at `step`.
+  void AskStop(SessionId s, int64_t round, const std::string& asked,
+               int64_t hold_ms = 5000) {
+    Send(s, [&](v1::AgentMessage& m) {
+      m.mutable_stop_vote()->set_round(round);
+      m.mutable_stop_vote()->set_asked(asked);
+      m.mutable_stop_vote()->set_hold_ms(hold_ms);
+    });
+  }
+  void Held(SessionId s, int64_t round, int64_t step) {
+    Send(s, [&](v1::AgentMessage& m) {
+      m.mutable_stop_vote()->set_round(round);
+      m.mutable_stop_vote()->set_held(true);
+      m.mutable_stop_vote()->set_step(step);
+    });
+  }
   void Close(SessionId s) {
     joined_.erase(s);
     Effects fx;
@@ -182,6 +199,13 @@ class Harness {
     return Last<v1::Straggler>(s, [](const v1::ServerMessage& m) {
       return m.has_straggler() ? std::optional(m.straggler()) : std::nullopt;
     });
+  }
+  std::vector<v1::StopAt> StopsSent(SessionId s) const {
+    std::vector<v1::StopAt> stops;
+    for (const auto& m : sent_.at_or(s)) {
+      if (m.has_stop_at()) stops.push_back(m.stop_at());
+    }
+    return stops;
   }
   // Every event so far, in order.
   const std::vector<v1::Event>& events() const { return events_; }
@@ -1875,6 +1899,119 @@ TEST_CASE("A straggler is named to the node of group rank 0 only",
   REQUIRE(status.ok());
   REQUIRE(status->stragglers_size() == 1);
   CHECK(status->stragglers(0).rank() == 3);
+}
+
+TEST_CASE(
+    "A stop asked by one node holds every node, and the step is the largest "
+    "held once all hold",
+    "[rendezvous][unit]") {
+  Harness h(3, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Join(3, "c");
+  h.Clear();
+  h.AskStop(2, 0, "SIGTERM to ctrun on b");
+  for (SessionId s : {1, 2, 3}) {
+    const auto stops = h.StopsSent(s);
+    REQUIRE(stops.size() == 1);
+    CHECK_FALSE(stops[0].decided());
+    CHECK(stops[0].reason() == "SIGTERM to ctrun on b");
+  }
+  // A second ask (another node preempted too) changes nothing.
+  h.AskStop(3, 0, "SIGTERM to ctrun on c");
+  CHECK(h.StopsSent(1).size() == 1);
+  h.Held(1, 0, 40);
+  h.Held(2, 0, 57);
+  h.Held(2, 0, 99);  // a node's second vote does not count twice
+  CHECK(h.StopsSent(1).size() == 1);
+  h.Held(3, 0, 12);
+  for (SessionId s : {1, 2, 3}) {
+    const auto stops = h.StopsSent(s);
+    REQUIRE(stops.size() == 2);
+    CHECK(stops[1].decided());
+    CHECK(stops[1].step() == 99);
+    CHECK(stops[1].round() == 0);
+  }
+  const auto& events = h.events();
+  const auto decided = std::find_if(
+      events.begin(), events.end(),
+      [](const v1::Event& e) { return e.event() == "stop_decided"; });
+  REQUIRE(decided != events.end());
+  CHECK(decided->step() == 99);
+  CHECK(std::any_of(events.begin(), events.end(), [](const v1::Event& e) {
+    return e.event() == "stop_asked" && e.reason() == "SIGTERM to ctrun on b";
+  }));
+}
+
+TEST_CASE(
+    "A stop whose nodes do not all hold is decided when the asking node's "
+    "hold window passes",
+    "[rendezvous][unit]") {
+  Harness h;
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Clear();
+  h.AskStop(1, 0, "SIGUSR1 to ctrun on a", /*hold_ms=*/2000);
+  h.Held(1, 0, 8);
+  h.Advance(absl::Milliseconds(1500));
+  CHECK(h.StopsSent(2).size() == 1);
+  h.Advance(absl::Milliseconds(500));
+  auto stops = h.StopsSent(2);
+  REQUIRE(stops.size() == 2);
+  CHECK(stops[1].decided());
+  CHECK(stops[1].step() == 8);
+  // Nothing heard at all: every rank stops at its next check.
+  Harness none;
+  none.Join(1, "a");
+  none.Join(2, "b");
+  none.AskStop(1, 0, "SIGTERM to ctrun on a", 1000);
+  none.Advance(absl::Seconds(1));
+  stops = none.StopsSent(1);
+  REQUIRE(stops.size() == 2);
+  CHECK(stops[1].step() == 0);
+}
+
+TEST_CASE(
+    "A stop vote of another round, or before the job runs, is ignored, and "
+    "a new round forgets the stop",
+    "[rendezvous][unit]") {
+  Harness h(2, 2, 3);
+  h.Join(1, "a");
+  h.AskStop(1, 0, "SIGTERM to ctrun on a");  // still collecting
+  CHECK(h.StopsSent(1).empty());
+  h.Join(2, "b");
+  h.AskStop(1, 5, "SIGTERM to ctrun on a");
+  CHECK(h.StopsSent(1).empty());
+  h.AskStop(1, 0, "SIGTERM to ctrun on a");
+  REQUIRE(h.StopsSent(2).size() == 1);
+  h.Report(2, 0, v1::WorkerReport::FAILED);
+  h.Rejoin(1, 1);
+  h.Rejoin(2, 1);
+  h.Clear();
+  h.Held(1, 1, 3);
+  h.Held(2, 1, 3);
+  CHECK(h.StopsSent(1).empty());  // no stop asked in round 1
+  h.AskStop(2, 1, "SIGTERM to ctrun on a");
+  REQUIRE(h.StopsSent(1).size() == 1);
+  CHECK(h.StopsSent(1)[0].round() == 1);
+}
+
+TEST_CASE("A coordinated stop's hold window is bounded", "[rendezvous][unit]") {
+  CoordinatedStop stop;
+  const absl::Time t0 = absl::UnixEpoch();
+  REQUIRE(stop.Ask(0, "x", absl::Hours(5), t0));
+  CHECK(stop.deadline() == t0 + CoordinatedStop::kMaxHold);
+  CHECK_FALSE(stop.Ask(0, "y", absl::Seconds(1), t0));
+  CHECK_FALSE(stop.Tick(t0 + CoordinatedStop::kMaxHold - absl::Seconds(1)));
+  auto decided = stop.Tick(t0 + CoordinatedStop::kMaxHold);
+  REQUIRE(decided);
+  CHECK(decided->reason() == "x");
+  CHECK(stop.deadline() == absl::InfiniteFuture());
+  CHECK_FALSE(stop.Held(1, 5, 1));  // decided once
+  stop.NewRound();
+  CHECK_FALSE(stop.asked());
+  REQUIRE(stop.Ask(1, "z", absl::Seconds(-3), t0));
+  CHECK(stop.deadline() == t0);
 }
 
 }  // namespace
