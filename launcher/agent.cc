@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
+#include "ctrun/progress_board.h"
 #include "ctrun/v1/admin.grpc.pb.h"
 #include "launcher/hw/topology.h"
 #include "launcher/options/worker_command.h"
@@ -40,6 +41,20 @@ namespace {
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kWakeTag = ~uint64_t{0} - 1;
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 2;
+
+uint32_t BoardStopState(agent_effect::StopState state) {
+  switch (state) {
+    case agent_effect::StopState::kIdle:
+      return progress::kStopIdle;
+    case agent_effect::StopState::kHold:
+      return progress::kStopHold;
+    case agent_effect::StopState::kAt:
+      return progress::kStopAt;
+    case agent_effect::StopState::kFallback:
+      return progress::kStopFallback;
+  }
+  return progress::kStopIdle;
+}
 // Lines of a hung worker's Python stack shown on the console.
 constexpr int kStackLinesShown = 24;
 // What is read of a worker's stacks to find its main thread (gdb's of a
@@ -204,6 +219,10 @@ absl::Status Agent::SetupProgress(WorkerGroupConfig& group) {
   if (!board.ok()) return board.status();
   board_ = std::move(*board);
   paths.board = board_->path();
+  if (group.options.preemption_grace) {
+    board_->EnableStops();
+    board_->Clear();
+  }
   if (!group.options.file_timers) return absl::OkStatus();
   // Read and written here, so that it never reads as closed between two
   // clients' writes, and a client's non-blocking open always finds a
@@ -648,6 +667,9 @@ void Agent::Apply(const AgentEffect& effect) {
     AgentEffects more;
     policy_.OnProgressRead(board_->Read(), MonotonicNow(), absl::Now(), &more);
     Apply(std::move(more));
+  } else if (auto* stop = std::get_if<e::PostStop>(&effect)) {
+    if (board_)
+      board_->SetStop(BoardStopState(stop->state), stop->step, stop->reason);
   } else if (auto* collect = std::get_if<e::CollectEvidence>(&effect)) {
     StartEvidence(*collect);
   } else if (std::holds_alternative<e::EndEvidence>(effect)) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -32,8 +33,13 @@ int64_t MonotonicNs() {
 // This process's slot; null outside ctrun, on a malformed board, and in a
 // forked child (its parent's slot is not its own).
 std::atomic<Slot*> g_slot{nullptr};
+// The board's header (the coordinated stop), mapped with the slot.
+std::atomic<progress::Header*> g_header{nullptr};
 
-void ForgetSlotInChild() { g_slot.store(nullptr, std::memory_order_relaxed); }
+void ForgetSlotInChild() {
+  g_slot.store(nullptr, std::memory_order_relaxed);
+  g_header.store(nullptr, std::memory_order_relaxed);
+}
 
 Slot* MapSlot() {
   const char* path = std::getenv(env::kProgressFile);
@@ -60,6 +66,8 @@ Slot* MapSlot() {
     munmap(map, size);
     return nullptr;
   }
+  g_header.store(static_cast<progress::Header*>(map),
+                 std::memory_order_release);
   pthread_atfork(nullptr, nullptr, ForgetSlotInChild);
   // Exiting (static destructors, atexit handlers) is not a step.
   std::atexit(Done);
@@ -106,7 +114,96 @@ void PublishSection(Slot* slot, int64_t now) {
   slot->seq.fetch_add(1, std::memory_order_release);
 }
 
+uint32_t StopState() {
+  const progress::Header* header = g_header.load(std::memory_order_acquire);
+  return header == nullptr ? progress::kStopOff
+                           : header->stop_state.load(std::memory_order_acquire);
+}
+
+// A preemption signal held back by the stop check, and when (0: none).
+std::atomic<int> g_held_back{0};
+std::atomic<int64_t> g_held_back_ns{0};
+// Held back this long without the agent taking it up, it acts.
+constexpr int64_t kUnclaimedAfterNs = 1'000'000'000;
+
+// The signal acts as it would have without the stop check.
+void Act(int signal) {
+  ::signal(signal, SIG_DFL);
+  raise(signal);
+}
+
+void OnPreemptionSignal(int signal) {
+  const uint32_t state = StopState();
+  if (state == progress::kStopOff || state == progress::kStopFallback) {
+    Act(signal);
+    return;
+  }
+  int none = 0;
+  if (g_held_back.compare_exchange_strong(none, signal)) {
+    g_held_back_ns.store(MonotonicNs());
+  }
+}
+
+void StartChecking(Slot* slot) {
+  slot->flags.fetch_or(progress::kStopAware, std::memory_order_release);
+  if (StopState() == progress::kStopOff) return;
+  for (int signal : {SIGTERM, SIGUSR1, SIGUSR2}) {
+    struct sigaction old {};
+    if (sigaction(signal, nullptr, &old) != 0 || old.sa_handler != SIG_DFL ||
+        (old.sa_flags & SA_SIGINFO)) {
+      continue;  // the program handles it: its own handler decides
+    }
+    struct sigaction act {};
+    act.sa_handler = OnPreemptionSignal;
+    sigemptyset(&act.sa_mask);
+    act.sa_flags = SA_RESTART;
+    sigaction(signal, &act, nullptr);
+  }
+}
+
 }  // namespace
+
+bool ShouldStop() {
+  Slot* slot = TheSlot();
+  if (slot == nullptr) return false;
+  static bool checking = false;  // one thread calls it, by contract
+  if (!checking) {
+    checking = true;
+    StartChecking(slot);
+  }
+  uint32_t state = StopState();
+  if (state == progress::kStopHold) {
+    slot->flags.fetch_or(progress::kHeld, std::memory_order_release);
+    const timespec millisecond{0, 1'000'000};
+    while (state == progress::kStopHold) {
+      nanosleep(&millisecond, nullptr);
+      state = StopState();
+    }
+    slot->flags.fetch_and(~progress::kHeld, std::memory_order_release);
+  }
+  if (state == progress::kStopAt) {
+    const int64_t step = g_header.load()->stop_step.load();
+    return static_cast<int64_t>(slot->beats.load()) >= step;
+  }
+  if (const int held = g_held_back.load();
+      held != 0 &&
+      (state == progress::kStopOff || state == progress::kStopFallback ||
+       MonotonicNs() - g_held_back_ns.load() > kUnclaimedAfterNs)) {
+    Act(held);
+  }
+  return false;
+}
+
+std::string Preempted() {
+  TheSlot();  // maps the board on first use
+  const uint32_t state = StopState();
+  if (state != progress::kStopHold && state != progress::kStopAt) return "";
+  const progress::Header* header = g_header.load(std::memory_order_acquire);
+  char reason[progress::kStopReasonSize];
+  std::memcpy(reason, header->stop_reason, sizeof reason);
+  reason[sizeof reason - 1] = '\0';
+  return reason;
+}
 
 void Heartbeat() {
   Slot* slot = TheSlot();

@@ -79,6 +79,12 @@ constexpr FlagSpec kFlags[] = {
      "this made no progress (with signals: one without a step made none); "
      "three failed attempts in a row without progress stop the job with "
      "exit code 78, do not requeue (0: only by signals)"},
+    {"preemption_grace", 0, Kind::kValue, "25", "SECONDS|off",
+     "on SIGTERM, SIGUSR1 or SIGUSR2 to ctrun, when its workers call "
+     "ctrun.should_stop(): the whole job agrees on one step at which every "
+     "rank's should_stop() returns true, to checkpoint there and exit 0; "
+     "after this long without an end the signal acts as without it (off: "
+     "at once)"},
     {"spares", 0, Kind::kValue, "0", "K",
      "up to K nodes beyond --nnodes's maximum wait as hot spares, workers "
      "ready (warm Python, or parked in ctrun.wait_for_slot()); a lost "
@@ -514,6 +520,22 @@ absl::Status ConvertSeconds(const Raw& raw, const char* name,
   return absl::OkStatus();
 }
 
+// Seconds > 0, or "off" (empty).
+absl::Status ConvertSecondsOrOff(const Raw& raw, const char* name,
+                                 std::optional<absl::Duration>* out) {
+  const std::string& text = raw.at(name).text;
+  if (text == "off") {
+    out->reset();
+    return absl::OkStatus();
+  }
+  auto d = ToSeconds(text);
+  if (!d || *d <= absl::ZeroDuration()) {
+    return BadValue(raw, name, "expected seconds > 0, or off");
+  }
+  *out = *d;
+  return absl::OkStatus();
+}
+
 #define CTRUN_RETURN_IF_ERROR(expr)                 \
   do {                                              \
     if (absl::Status s = (expr); !s.ok()) return s; \
@@ -811,17 +833,8 @@ absl::Status ConvertHang(const Raw& raw, LaunchOptions& o) {
       ConvertSeconds(raw, "hang_warmup", &o.hang_timeout.warmup));
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "hang_evidence_timeout", &o.hang_evidence_timeout));
-  if (const std::string& check = raw.at("process_group_check").text;
-      check == "off") {
-    o.process_group_check.reset();
-  } else {
-    auto d = ToSeconds(check);
-    if (!d || *d <= absl::ZeroDuration()) {
-      return BadValue(raw, "process_group_check",
-                      "expected seconds > 0, or off");
-    }
-    o.process_group_check = *d;
-  }
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSecondsOrOff(raw, "process_group_check", &o.process_group_check));
   if (o.hang_evidence_timeout > absl::Minutes(10)) {
     return BadValue(raw, "hang_evidence_timeout", "expected seconds in 0..600");
   }
@@ -839,6 +852,8 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
   o.restart_on = *restart_on;
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "min_progress_seconds", &o.min_progress));
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSecondsOrOff(raw, "preemption_grace", &o.preemption_grace));
   absl::Duration unused_interval;
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "monitor_interval", &unused_interval));

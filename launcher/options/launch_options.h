@@ -115,6 +115,10 @@ struct LaunchOptions {
   // --min_progress_seconds: for workers without progress signals, an
   // attempt shorter than this made no progress; zero: never so.
   absl::Duration min_progress = absl::ZeroDuration();
+  // --preemption_grace: how long a coordinated stop (SIGTERM, SIGUSR1,
+  // SIGUSR2 to ctrun, workers calling the stop check) may take before the
+  // signal acts as without it; empty: off, signals act at once.
+  std::optional<absl::Duration> preemption_grace = absl::Seconds(25);
   // --spares: nodes beyond max_nodes the job keeps ready to take a lost
   // node's slot; --segment: this node's label for choosing among them.
   int spares = 0;

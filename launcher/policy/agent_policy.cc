@@ -182,6 +182,8 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
       return OnProgress(m.progress(), now, effects);
     case v1::ServerMessage::kResumed:
       return OnResumed(m.resumed(), effects);
+    case v1::ServerMessage::kStopAt:
+      return OnStopAt(m.stop_at(), now, effects);
     case v1::ServerMessage::KIND_NOT_SET:
       return;
   }
@@ -505,6 +507,12 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   ++assignments_;
   phase_ = Phase::kRunning;
   report_ = v1::WorkerReport::RUNNING;
+  stop_aware_ = holding_ = false;
+  hold_poll_at_ = absl::InfiniteFuture();
+  if (stop_posted_) {  // kept workers must not see the last round's stop
+    effects->push_back(agent_effect::PostStop{agent_effect::StopState::kIdle});
+    stop_posted_ = false;
+  }
   kept_workers_ = 0;
   recovery_s_ = 0;
   failures_.clear();
@@ -833,6 +841,7 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
          effects);
   }
   if (!silent.empty()) OnHang(silent, now, wall_now, effects);
+  if (phase_ == Phase::kRunning) TrackStop(samples, effects);
   if (recovering_ && phase_ == Phase::kRunning) {
     TrackRecovery(samples, now, effects);
   }
@@ -1207,6 +1216,26 @@ void AgentPolicy::OnSignal(int signal, bool from_parent, absl::Time now,
   // Under Slurm, slurmstepd signals every process of the step: forwarding
   // would deliver it to the workers twice.
   const bool delivered = config_.options.parent_signals_workers && from_parent;
+  if (signal == SIGTERM || signal == SIGUSR1 || signal == SIGUSR2) {
+    if (AskToStop(signal, now, effects)) return;
+    if (preemption_ && !preemption_->fallen_back) {
+      preemption_->fallen_back = true;
+      Tell(absl::StrCat(SignalName(signal), " again: no waiting for the stop"),
+           effects);
+    }
+    // What the workers' stop check held back acts now; the workers had
+    // the signal already when the parent delivered it.
+    if (stop_aware_ && live_workers() > 0) {
+      effects->push_back(
+          agent_effect::PostStop{agent_effect::StopState::kFallback});
+      stop_posted_ = true;
+    }
+  }
+  ActOnSignal(signal, delivered, now, effects);
+}
+
+void AgentPolicy::ActOnSignal(int signal, bool delivered, absl::Time now,
+                              AgentEffects* effects) {
   if (signal == SIGUSR1 || signal == SIGUSR2) {
     if (!delivered && live_workers() > 0) {
       effects->push_back(SignalWorkers{signal});
@@ -1386,6 +1415,7 @@ void AgentPolicy::Tick(absl::Time now, AgentEffects* effects) {
   if (now >= ProgressDue()) PrintProgress(now, effects);
   if (now >= evidence_deadline_) EndEvidence(now, effects);
   TickProgress(now, effects);
+  TickStop(now, effects);
   TickRecovery(now, effects);
   TickProcessGroup(now, effects);
   TickFileTimers(now, effects);
@@ -1572,10 +1602,12 @@ absl::Time AgentPolicy::NextDeadline() const {
           ? std::min({monitor_.NextPoll(), timers_.NextExpiry(),
                       recovery_deadline_, process_group_check_at_})
           : absl::InfiniteFuture();
-  return std::min({first_answer_deadline_, probe_at_, reconnect_deadline_,
-                   reopen_at_, next_heartbeat_, kill_deadline_,
-                   give_up_deadline_, ProgressDue(), evidence_deadline_,
-                   monitor_.NextReport(), running});
+  return std::min(
+      {first_answer_deadline_, probe_at_, reconnect_deadline_, reopen_at_,
+       next_heartbeat_, kill_deadline_, give_up_deadline_, ProgressDue(),
+       evidence_deadline_, monitor_.NextReport(), running, hold_poll_at_,
+       preemption_ && !preemption_->fallen_back ? preemption_->deadline
+                                                : absl::InfiniteFuture()});
 }
 
 }  // namespace ctrun

@@ -41,6 +41,16 @@
 //   agent exits 128 + signal. A second one SIGKILLs them. SIGUSR1/SIGUSR2
 //   are forwarded. A signal that the parent delivered to the workers itself
 //   (a Slurm step) is not sent again.
+// - Coordinated stops (agent_policy_stop.cc, --preemption_grace): SIGTERM,
+//   SIGUSR1 or SIGUSR2 while workers run and call the stop check asks the
+//   rendezvous for one (StopVote.asked) instead. Told to hold (StopAt), the
+//   node reads the board often and says once every live worker holds in
+//   its check (StopVote.held, with the most heartbeats among them); told
+//   the step, it posts it. The workers then end by themselves (exit 0: the
+//   job finishes). Without an end within the grace, or on the signal
+//   again, the signal acts as without a stop, the board saying so first
+//   (the workers' check holds back a preemption signal delivered to them
+//   until then). A new round asks again once its workers call the check.
 // - Job control: SIGTSTP (Ctrl-Z), or the worker in ctrun's process group
 //   stopping on the terminal while ctrun is in the background, stops the
 //   workers and the agent together; once the agent is continued, so are
@@ -208,6 +218,15 @@ struct KillTimedOut {
   int signal;
   std::string scope;
 };
+// A coordinated stop as the workers' stop check (ctrun.should_stop()) is to
+// see it on the board: kIdle none asked; kHold wait; kAt true from `step`
+// heartbeats on; kFallback the preemption signal acts as without a stop.
+enum class StopState { kIdle, kHold, kAt, kFallback };
+struct PostStop {
+  StopState state;
+  int64_t step = 0;
+  std::string reason{};
+};
 // The agent exits with `code`.
 struct Exit {
   int code;
@@ -228,8 +247,8 @@ using AgentEffect = std::variant<
     agent_effect::CollectWorkers, agent_effect::SuspendAgent,
     agent_effect::ProbeRendezvous, agent_effect::ReadProgress,
     agent_effect::CheckProcessGroup, agent_effect::CollectEvidence,
-    agent_effect::EndEvidence, agent_effect::KillTimedOut, agent_effect::Exit,
-    agent_effect::Record>;
+    agent_effect::EndEvidence, agent_effect::KillTimedOut,
+    agent_effect::PostStop, agent_effect::Exit, agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 // "SIGTERM", or "signal N" for a number with no name.
@@ -334,6 +353,8 @@ class AgentPolicy {
   // A handled signal; `from_parent`: sent by ctrun's parent process.
   void OnSignal(int signal, bool from_parent, absl::Time now,
                 AgentEffects* effects);
+  // While a stop holds, the board is read this often.
+  static constexpr absl::Duration kHoldPollEvery = absl::Milliseconds(5);
   // The worker in ctrun's process group stopped on the terminal while
   // ctrun was in the background (WorkerGroup::TakeTerminalStop).
   void OnTerminalStop(absl::Time now, AgentEffects* effects);
@@ -420,6 +441,22 @@ class AgentPolicy {
   void OnRestartRequired(const v1::RestartRequired& restart, absl::Time now,
                          AgentEffects* effects);
   void OnResumed(const v1::Resumed& resumed, AgentEffects* effects);
+  // Coordinated stops (agent_policy_stop.cc). AskToStop: a preemption
+  // signal asks the job for one; false when none can be asked (the signal
+  // then acts as always). OnStopAt: the rendezvous's hold or step.
+  // TrackStop: the board's samples while workers run (who calls the check,
+  // who holds). TickStop: the hold's polls and the grace.
+  bool AskToStop(int signal, absl::Time now, AgentEffects* effects);
+  void SendStopAsk(AgentEffects* effects);
+  void OnStopAt(const v1::StopAt& stop, absl::Time now, AgentEffects* effects);
+  void SendHeld(int64_t step, AgentEffects* effects);
+  void TrackStop(const std::vector<ProgressSample>& samples,
+                 AgentEffects* effects);
+  void TickStop(absl::Time now, AgentEffects* effects);
+  // What a handled signal does without a coordinated stop; `delivered`:
+  // the workers had it from the parent already.
+  void ActOnSignal(int signal, bool delivered, absl::Time now,
+                   AgentEffects* effects);
   void OnProgress(const v1::Progress& progress, absl::Time now,
                   AgentEffects* effects);
   void PrintProgress(absl::Time now, AgentEffects* effects);
@@ -598,6 +635,25 @@ class AgentPolicy {
     std::vector<uint64_t> beats;
   };
   std::optional<Recovering> recovering_;
+
+  // A coordinated stop this node asked for: the signal, the round it was
+  // asked in, when the signal acts as without it, and whether it did.
+  struct Preemption {
+    int signal = 0;
+    std::string reason;
+    int64_t round = -1;
+    absl::Time deadline;
+    bool fallen_back = false;
+  };
+  std::optional<Preemption> preemption_;
+  // A live worker of this attempt calls the stop check (its slot says).
+  bool stop_aware_ = false;
+  // The round's stop: the rendezvous said hold, this node's held vote is
+  // not sent yet, and the board is read again then; something other than
+  // idle was posted this round.
+  bool holding_ = false;
+  absl::Time hold_poll_at_ = absl::InfiniteFuture();
+  bool stop_posted_ = false;
   // The round's latest progress while joining, when it came, and when it
   // is next printed (InfiniteFuture: none came yet).
   std::optional<v1::Progress> progress_;

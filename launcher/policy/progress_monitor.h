@@ -63,6 +63,9 @@ struct ProgressSample {
   bool resilient = false;
   // It connected to the job's store (worker_lib's communicators).
   bool store_used = false;
+  // It calls the stop check (ctrun.should_stop()), and waits in it now.
+  bool stop_aware = false;
+  bool held = false;
   int64_t round_left = -1;
   int64_t round_ready = -1;
   absl::Time left_time = absl::InfinitePast();   // when it took round_left

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -112,6 +113,18 @@ ProgressBoard::~ProgressBoard() {
 void ProgressBoard::Clear() {
   std::memset(static_cast<char*>(map_) + progress::kHeaderSize, 0,
               size_ - progress::kHeaderSize);
+  SetStop(stops_on_ ? progress::kStopIdle : progress::kStopOff, 0, "");
+}
+
+void ProgressBoard::SetStop(uint32_t state, int64_t step,
+                            absl::string_view reason) {
+  auto* header = static_cast<progress::Header*>(map_);
+  char text[progress::kStopReasonSize] = {};
+  std::memcpy(text, reason.data(), std::min(reason.size(), sizeof text - 1));
+  std::memcpy(header->stop_reason, text, sizeof text);
+  header->stop_step.store(step, std::memory_order_relaxed);
+  // The step and the reason before the state that makes them count.
+  header->stop_state.store(state, std::memory_order_release);
 }
 
 void ProgressBoard::Clear(int slot) {
@@ -142,6 +155,8 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
     s.done = flags & progress::kDone;
     s.resilient = flags & progress::kResilient;
     s.store_used = flags & progress::kStoreUsed;
+    s.stop_aware = flags & progress::kStopAware;
+    s.held = flags & progress::kHeld;
     s.round_left = static_cast<int64_t>(slot->round_left.load()) - 1;
     s.round_ready = static_cast<int64_t>(slot->round_ready.load()) - 1;
     s.left_time = FromMonotonicNs(slot->left_ns.load());

@@ -48,14 +48,20 @@ class ProgressBoard {
   const std::string& path() const { return path_; }
   int slots() const { return slots_; }
 
-  // Clears every slot, before a new attempt's workers start; or one, before
-  // a worker replacing another starts in it.
+  // Clears every slot, before a new attempt's workers start (and the stop
+  // state, to idle when stops are on); or one, before a worker replacing
+  // another starts in it.
   void Clear();
   void Clear(int slot);
   // Every slot as it stands now. Times are on the monotonic clock that
   // MonotonicNow() reads.
   std::vector<ProgressSample> Read() const;
   StackDump StacksOf(int slot) const;
+  // Coordinated stops: whether they are on (--preemption_grace), and the
+  // state the workers' stop check reads (progress::kStop*), with the step
+  // of kStopAt and why (cut to the header's room).
+  void EnableStops() { stops_on_ = true; }
+  void SetStop(uint32_t state, int64_t step, absl::string_view reason);
 
  private:
   ProgressBoard(int fd, int slots, void* map, size_t size);
@@ -65,6 +71,7 @@ class ProgressBoard {
   const int slots_;
   void* const map_;
   const size_t size_;
+  bool stops_on_ = false;
 };
 
 }  // namespace ctrun

@@ -32,6 +32,8 @@
 #ifndef CTRUN_PROGRESS_H_
 #define CTRUN_PROGRESS_H_
 
+#include <string>
+
 namespace ctrun {
 
 // One step done.
@@ -56,6 +58,20 @@ void Done();
 
 // Whether this process reports to a ctrun agent.
 bool ProgressReported();
+
+// Whether this rank is to stop now: call it once per step, after
+// Heartbeat(). When ctrun receives SIGTERM, SIGUSR1 or SIGUSR2 (a
+// scheduler's preemption), the whole job agrees on one step, and this
+// returns true on every rank once it has made that many heartbeats: save a
+// checkpoint there and exit 0. While the step is being agreed on (a few
+// milliseconds), the call waits. From its first call, a preemption signal
+// delivered to this process while its handler is the default is held back
+// for the agreed stop, and acts as usual if none comes (ctrun
+// --preemption_grace). Call it from one thread. False outside ctrun.
+bool ShouldStop();
+// Why the job is stopping ("SIGTERM to ctrun on HOST"); empty when no stop
+// was asked.
+std::string Preempted();
 
 }  // namespace ctrun
 

@@ -12,6 +12,13 @@
 //   offset 0   char magic[8] = "CTRUNPB2"
 //          8   u32 slot_count
 //         12   u32 slot_size = 128
+//         16   u32 stop_state     a coordinated stop (ctrun
+//                                 --preemption_grace), written by the agent:
+//                                 kStopOff, kStopIdle, kStopHold, kStopAt,
+//                                 kStopFallback
+//         24   i64 stop_step      with kStopAt: the step (heartbeats) at
+//                                 which every rank stops
+//         32   char stop_reason[32]  why, NUL-terminated
 //         64   slot 0, then slot 1, ...
 // A slot:
 //          0   u64 seq            odd while the worker rewrites the section
@@ -24,7 +31,8 @@
 //         40   i64 busy_ns        time spent in completed outermost sections
 //         48   u64 sections_done  outermost sections completed
 //         56   u32 flags          kUntimed, kStacksOnSignal, kDone,
-//                                 kResilient, kStoreUsed
+//                                 kResilient, kStoreUsed, kStopAware,
+//                                 kHeld
 //         60   u32 stack_signal   the signal that dumps Python stacks
 //         64   u32 round_left     in-process recovery: 1 + the round whose
 //                                 world the worker took (it left the one
@@ -36,7 +44,8 @@
 //         88   char section[40]   innermost open section, NUL-terminated
 //
 // Version 2 ("CTRUNPB2") made room for the round fields in version 1's
-// section name (64 bytes); a writer finding another magic does nothing.
+// section name (64 bytes); a writer finding another magic does nothing. The
+// stop fields took header bytes that were zero before (kStopOff).
 #ifndef CTRUN_PROGRESS_BOARD_H_
 #define CTRUN_PROGRESS_BOARD_H_
 
@@ -68,12 +77,38 @@ inline constexpr uint32_t kResilient = 1u << 3;
 // The worker connected to the job's store (WorkerStore::Connect): it forms
 // its communicator through ctrun, not through a store on MASTER_PORT.
 inline constexpr uint32_t kStoreUsed = 1u << 4;
+// The worker calls the stop check (ctrun.should_stop(), ctrun::ShouldStop()):
+// a preemption signal to its agent stops the job at one step.
+inline constexpr uint32_t kStopAware = 1u << 5;
+// It waits in its stop check for the step to be decided (kStopHold).
+inline constexpr uint32_t kHeld = 1u << 6;
+
+// Header stop_state: how the stop check answers.
+// Coordinated stops are off (--preemption_grace=off): signals act as always.
+inline constexpr uint32_t kStopOff = 0;
+// On, none asked: false.
+inline constexpr uint32_t kStopIdle = 1;
+// A stop is asked: wait (kHeld) until the state changes.
+inline constexpr uint32_t kStopHold = 2;
+// Decided: true once the worker made stop_step heartbeats.
+inline constexpr uint32_t kStopAt = 3;
+// The stop did not come in time (or is not taken): a preemption signal the
+// worker's stop check held back acts now.
+inline constexpr uint32_t kStopFallback = 4;
+inline constexpr size_t kStopReasonSize = 32;  // with its NUL
 
 struct Header {
   char magic[8];
   uint32_t slot_count;
   uint32_t slot_size;
+  std::atomic<uint32_t> stop_state;
+  uint32_t reserved;
+  std::atomic<int64_t> stop_step;
+  char stop_reason[kStopReasonSize];
 };
+static_assert(offsetof(Header, stop_state) == 16);
+static_assert(offsetof(Header, stop_step) == 24);
+static_assert(sizeof(Header) == kHeaderSize);
 
 struct Slot {
   std::atomic<uint64_t> seq;

@@ -40,6 +40,8 @@ __all__ = [
     "section",
     "done",
     "reported",
+    "should_stop",
+    "preempted",
     "resilient",
     "round",
     "RoundChanged",
@@ -55,6 +57,16 @@ _UNTIMED = 1
 _STACKS_ON_SIGNAL = 2
 _DONE_FLAG = 4
 _RESILIENT = 8
+_STOP_AWARE = 32
+_HELD = 64
+# Header: the coordinated stop the agent posts (ctrun --preemption_grace).
+_STOP_STATE_OFFSET = 16  # u32
+_STOP_STEP_OFFSET = 24  # i64
+_STOP_REASON_OFFSET = 32  # char[32]
+_STOP_OFF, _STOP_IDLE, _STOP_HOLD, _STOP_AT, _STOP_FALLBACK = range(5)
+# A preemption signal delivered to the worker itself (Slurm signals every
+# process of a step) that the agent has not taken up this long after acts.
+_UNCLAIMED_AFTER = 1.0
 
 # Word offsets in a slot (8-byte words).
 _SEQ, _BEATS, _BEAT_NS, _EVENTS, _EVENT_NS, _BUSY_NS, _SECTIONS_DONE = range(7)
@@ -69,6 +81,8 @@ _base = 0  # this slot's first word
 _offset = 0  # this slot's first byte
 _sections = []  # (name, untimed, start_ns), outermost first
 _stacks_file = None
+_checking = False  # should_stop() was called: the slot says so
+_held_back = []  # (signal, monotonic time) held back by the stop check
 _now = time.monotonic_ns  # CLOCK_MONOTONIC, as the agent reads it
 
 
@@ -146,6 +160,88 @@ def _publish(now=None):
     w[b + _EVENT_NS] = now
     w[b + _EVENTS] += 1
     w[b + _SEQ] += 1
+
+
+def should_stop():
+    """Whether this rank is to stop now: call it once per step, after
+    ctrun.heartbeat(). When ctrun receives SIGTERM, SIGUSR1 or SIGUSR2
+    (a scheduler's preemption), the whole job agrees on one step, and this
+    returns True on every rank once it has made that many heartbeats: save
+    a checkpoint there and exit 0. While the step is being agreed on (a
+    few milliseconds), this call waits. A preemption signal delivered to
+    the worker itself is held back for the agreed stop, and acts as usual
+    if none comes (ctrun --preemption_grace). Returns False outside ctrun."""
+    if _map is None:
+        return False
+    if not _checking:
+        _start_checking()
+    state = _stop_state()
+    if state == _STOP_HOLD:
+        _mark(_HELD, True)
+        try:
+            while state == _STOP_HOLD:
+                time.sleep(0.001)
+                state = _stop_state()
+        finally:
+            _mark(_HELD, False)
+    if state == _STOP_AT:
+        (step,) = struct.unpack_from("<q", _map, _STOP_STEP_OFFSET)
+        return _words[_base + _BEATS] >= step
+    if _held_back and (
+        state in (_STOP_OFF, _STOP_FALLBACK)
+        or time.monotonic() - _held_back[0][1] > _UNCLAIMED_AFTER
+    ):
+        _act(_held_back[0][0])
+    return False
+
+
+def preempted():
+    """Why the job is stopping ("SIGTERM to ctrun on HOST"), or None when
+    no stop was asked."""
+    if _map is None or _stop_state() not in (_STOP_HOLD, _STOP_AT):
+        return None
+    raw = bytes(_map[_STOP_REASON_OFFSET : _STOP_REASON_OFFSET + 32])
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _stop_state():
+    return struct.unpack_from("<I", _map, _STOP_STATE_OFFSET)[0]
+
+
+def _mark(flag, on):
+    flags, sig = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
+    flags = (flags | flag) if on else (flags & ~flag)
+    struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags, sig)
+
+
+def _start_checking():
+    """The slot says that this worker calls the stop check; preemption
+    signals that would end it are held back for the agreed stop."""
+    global _checking
+    _checking = True
+    _mark(_STOP_AWARE, True)
+    if _stop_state() == _STOP_OFF:
+        return
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):
+        sig = getattr(signal, name, None)
+        try:
+            if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _on_preemption_signal)
+        except ValueError:  # not the main thread: signals act as usual
+            pass
+
+
+def _on_preemption_signal(signum, frame):
+    if _map is None or _stop_state() in (_STOP_OFF, _STOP_FALLBACK):
+        _act(signum)
+    else:
+        _held_back.append((signum, time.monotonic()))
+
+
+def _act(signum):
+    """The signal acts as it would have without the stop check."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _mark_resilient():

@@ -2057,5 +2057,228 @@ TEST_CASE("A hang under in-process recovery restarts the old way",
   CHECK(h.policy().phase() == Phase::kCollecting);
 }
 
+// --- coordinated stops (--preemption_grace)
+// -------------------------------------------------------------------
+
+namespace stops {
+
+// Two workers' samples: both call the stop check, with these heartbeats,
+// and hold in it or not.
+std::vector<ProgressSample> Checking(uint64_t beats0, uint64_t beats1,
+                                     bool held) {
+  std::vector<ProgressSample> samples(2);
+  samples[0].beats = beats0;
+  samples[1].beats = beats1;
+  for (ProgressSample& s : samples) {
+    s.stop_aware = true;
+    s.held = held;
+  }
+  return samples;
+}
+
+v1::ServerMessage StopAt(int64_t round, bool decided, int64_t step = 0) {
+  v1::ServerMessage m;
+  m.mutable_stop_at()->set_round(round);
+  m.mutable_stop_at()->set_reason("SIGTERM to ctrun on node-b");
+  m.mutable_stop_at()->set_decided(decided);
+  m.mutable_stop_at()->set_step(step);
+  return m;
+}
+
+// The stop votes sent.
+std::vector<v1::StopVote> Votes(const AgentEffects& effects) {
+  std::vector<v1::StopVote> votes;
+  for (const auto& effect : effects) {
+    if (auto* s = std::get_if<e::Send>(&effect);
+        s != nullptr && s->message.has_stop_vote()) {
+      votes.push_back(s->message.stop_vote());
+    }
+  }
+  return votes;
+}
+
+std::vector<e::StopState> Posted(const AgentEffects& effects) {
+  std::vector<e::StopState> states;
+  for (const auto& effect : effects) {
+    if (auto* p = std::get_if<e::PostStop>(&effect)) {
+      states.push_back(p->state);
+    }
+  }
+  return states;
+}
+
+}  // namespace stops
+
+TEST_CASE(
+    "A preemption signal with workers calling the stop check asks the job "
+    "for one step instead of stopping them",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Progress(stops::Checking(10, 7, /*held=*/false));
+  h.Signal(SIGTERM);
+  CHECK(h.Signals().empty());
+  CHECK(h.policy().phase() == Phase::kRunning);
+  const auto votes = stops::Votes(h.effects());
+  REQUIRE(votes.size() == 1);
+  CHECK(votes[0].round() == 0);
+  CHECK(votes[0].asked() == "SIGTERM to ctrun on node-a");
+  CHECK(votes[0].hold_ms() == 12'500);  // half of the default 25 s grace
+  CHECK(
+      h.Said("received SIGTERM: the job stops at one step that every rank "
+             "reaches (ctrun.should_stop()), within "
+             "--preemption_grace=25s"));
+
+  // Told to hold: the board says so and is read often until both hold.
+  h.Message(stops::StopAt(0, /*decided=*/false));
+  CHECK(stops::Posted(h.effects()) ==
+        std::vector<e::StopState>{e::StopState::kHold});
+  h.Advance(AgentPolicy::kHoldPollEvery);
+  CHECK(h.Has<e::ReadProgress>());
+  h.Progress(stops::Checking(10, 7, /*held=*/false));
+  CHECK(stops::Votes(h.effects()).empty());
+  h.Progress(stops::Checking(11, 7, /*held=*/true));
+  const auto held = stops::Votes(h.effects());
+  REQUIRE(held.size() == 1);
+  CHECK(held[0].held());
+  CHECK(held[0].step() == 11);
+  h.Advance(absl::Milliseconds(50));
+  CHECK_FALSE(h.Has<e::ReadProgress>());  // back to the usual pace
+
+  // The step: posted; the workers end by themselves and the job finishes.
+  h.Message(stops::StopAt(0, /*decided=*/true, 11));
+  REQUIRE(h.Has<e::PostStop>());
+  CHECK(h.Get<e::PostStop>().state == e::StopState::kAt);
+  CHECK(h.Get<e::PostStop>().step == 11);
+  CHECK(h.Said("the job stops at step 11 (SIGTERM to ctrun on node-b)"));
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  h.Message(Finished());
+  CHECK(h.ExitCode() == 0);
+}
+
+TEST_CASE(
+    "A coordinated stop that does not end within the grace falls back to "
+    "the signal, and so does the signal again",
+    "[agent][unit]") {
+  SECTION("the grace") {
+    LaunchOptions o = Options();
+    o.preemption_grace = absl::Seconds(4);
+    Harness h(o);
+    h.Assign(0);
+    h.Progress(stops::Checking(3, 3, false));
+    h.Signal(SIGTERM);
+    REQUIRE(stops::Votes(h.effects()).size() == 1);
+    CHECK(stops::Votes(h.effects())[0].hold_ms() == 2000);
+    h.Advance(absl::Seconds(3));
+    CHECK(h.Signals().empty());
+    h.Advance(absl::Seconds(1));
+    CHECK(
+        h.Said("the job did not stop within --preemption_grace=4s: SIGTERM "
+               "acts as without it"));
+    // The board says so before the signal goes out.
+    CHECK(stops::Posted(h.effects()) ==
+          std::vector<e::StopState>{e::StopState::kFallback});
+    CHECK(h.Signals() == std::vector<int>{SIGTERM});
+    CHECK(h.policy().phase() == Phase::kStopping);
+  }
+  SECTION("the signal again") {
+    Harness h;
+    h.Assign(0);
+    h.Progress(stops::Checking(3, 3, false));
+    h.Signal(SIGUSR1);
+    CHECK(h.Signals().empty());
+    h.Signal(SIGUSR1);
+    CHECK(h.Said("SIGUSR1 again: no waiting for the stop"));
+    CHECK(stops::Posted(h.effects()) ==
+          std::vector<e::StopState>{e::StopState::kFallback});
+    CHECK(h.Signals() == std::vector<int>{SIGUSR1});  // forwarded, as always
+    // A late step changes nothing.
+    h.Message(stops::StopAt(0, /*decided=*/true, 5));
+    CHECK_FALSE(h.Has<e::PostStop>());
+  }
+}
+
+TEST_CASE(
+    "Without workers that call the stop check, or with the grace off, a "
+    "preemption signal acts at once",
+    "[agent][unit]") {
+  SECTION("no worker calls it") {
+    Harness h;
+    h.Assign(0);
+    std::vector<ProgressSample> samples(2);
+    samples[0].beats = 5;
+    h.Progress(samples);
+    h.Signal(SIGTERM);
+    CHECK(stops::Votes(h.effects()).empty());
+    CHECK_FALSE(h.Has<e::PostStop>());
+    CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  }
+  SECTION("--preemption_grace=off") {
+    LaunchOptions o = Options();
+    o.preemption_grace.reset();
+    Harness h(o);
+    h.Assign(0);
+    h.Progress(stops::Checking(3, 3, false));
+    h.Signal(SIGTERM);
+    CHECK(stops::Votes(h.effects()).empty());
+    // Their check holds nothing back: the board says "fall back" anyway.
+    CHECK(h.Signals() == std::vector<int>{SIGTERM});
+  }
+  SECTION("SIGINT is never a preemption") {
+    Harness h;
+    h.Assign(0);
+    h.Progress(stops::Checking(3, 3, false));
+    h.Signal(SIGINT);
+    CHECK(stops::Votes(h.effects()).empty());
+    CHECK(h.Signals() == std::vector<int>{SIGINT});
+  }
+}
+
+TEST_CASE(
+    "A node told to hold with no worker left says so at once, and a stop "
+    "of another round is ignored",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Exit(0, 0);
+  h.Exit(1, 0);
+  h.Message(stops::StopAt(0, /*decided=*/false));
+  auto votes = stops::Votes(h.effects());
+  REQUIRE(votes.size() == 1);
+  CHECK(votes[0].held());
+  CHECK(votes[0].step() == -1);
+  h.Message(stops::StopAt(3, /*decided=*/false));
+  CHECK(stops::Votes(h.effects()).empty());
+}
+
+TEST_CASE(
+    "A stop asked in a round that ended is asked again once the new "
+    "round's workers call the check",
+    "[agent][unit]") {
+  Harness h;
+  h.Assign(0);
+  h.Progress(stops::Checking(3, 3, false));
+  h.Signal(SIGUSR2);
+  REQUIRE(stops::Votes(h.effects()).size() == 1);
+  h.Message(stops::StopAt(0, /*decided=*/false));
+  h.Message(Restart(1));
+  h.Exit(0, 143);
+  h.Exit(1, 143);
+  h.Assign(1);
+  // The last round's hold is not left on the board.
+  CHECK(stops::Posted(h.effects()) ==
+        std::vector<e::StopState>{e::StopState::kIdle});
+  h.Progress(std::vector<ProgressSample>(2));
+  CHECK(stops::Votes(h.effects()).empty());
+  h.Progress(stops::Checking(0, 1, false));
+  const auto votes = stops::Votes(h.effects());
+  REQUIRE(votes.size() == 1);
+  CHECK(votes[0].round() == 1);
+  CHECK(votes[0].asked() == "SIGUSR2 to ctrun on node-a");
+  h.Progress(stops::Checking(0, 1, false));
+  CHECK(stops::Votes(h.effects()).empty());  // once
+}
+
 }  // namespace
 }  // namespace ctrun
