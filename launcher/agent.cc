@@ -405,6 +405,14 @@ void Agent::OnSignals() {
       }
       if (workers_->TakeTerminalStop()) policy_.OnTerminalStop(now, &effects);
     } else {
+      // Whether a preemption signal can stop the job at one step depends
+      // on whether the workers call the stop check now, not at the last
+      // poll (they may have just started).
+      const auto signal = static_cast<int>(info.ssi_signo);
+      if ((signal == SIGTERM || signal == SIGUSR1 || signal == SIGUSR2) &&
+          board_) {
+        policy_.OnProgressRead(board_->Read(), now, absl::Now(), &effects);
+      }
       policy_.OnSignal(static_cast<int>(info.ssi_signo),
                        static_cast<pid_t>(info.ssi_pid) == getppid(), now,
                        &effects);

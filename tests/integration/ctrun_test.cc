@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -605,6 +606,147 @@ TEST_CASE(
   CHECK(err.find("ctrun: the job's last attempts made no progress: exiting "
                  "78, which says not to requeue it (the root cause's own "
                  "code was 3)") != std::string::npos);
+}
+
+// A Python worker stepping at its rank's own pace (2 ms x (rank + 1)) that
+// says "ready PID" at step 5 and, once ctrun.should_stop() is true, the
+// step it stops at. `check`: whether rank 1 calls the stop check.
+std::string StopScript(bool rank1_checks = true) {
+  const std::string path =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("ctrun-stop-", getpid(), "-", rank1_checks, ".py");
+  std::ofstream(path) << "import os, sys, time\n"
+                         "import ctrun\n"
+                         "rank = int(os.environ['RANK'])\n"
+                         "checks = rank != 1 or "
+                      << (rank1_checks ? "True" : "False")
+                      << "\n"
+                         "step = 0\n"
+                         "while True:\n"
+                         "    time.sleep(0.002 * (rank + 1))\n"
+                         "    ctrun.heartbeat()\n"
+                         "    step += 1\n"
+                         "    if step == 5:\n"
+                         "        print('ready', os.getpid(), flush=True)\n"
+                         "    if checks and ctrun.should_stop():\n"
+                         "        print('stop step=%d why=%s' % (step, "
+                         "ctrun.preempted()), flush=True)\n"
+                         "        sys.exit(0)\n";
+  return path;
+}
+
+// The workers' pids from their "ready PID" lines, once all `n` said it.
+std::vector<pid_t> WaitReady(ChildProcess& c, int n) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    auto line = c.WaitForLine("| ready ", kWait);
+    if (!line) break;
+    pids.push_back(std::atoi(line->substr(line->rfind(' ') + 1).c_str()));
+  }
+  return pids;
+}
+
+// The steps the ranks said they stopped at, by rank ("R<rank>| stop
+// step=N why=...").
+std::map<int, int> StopSteps(const std::string& out) {
+  std::map<int, int> steps;
+  static const std::regex kLine("R([0-9]+)\\| stop step=([0-9]+) why=");
+  for (const std::string& line : Lines(out)) {
+    std::smatch m;
+    if (std::regex_search(line, m, kLine)) {
+      steps[std::stoi(m[1])] = std::stoi(m[2]);
+    }
+  }
+  return steps;
+}
+
+TEST_CASE(
+    "A preemption signal stops 4 ranks stepping at different speeds at one "
+    "step, 50 runs of 50, and each exits 0",
+    "[ctrun][integration]") {
+  const std::string script = "exec /usr/bin/python3 " + StopScript();
+  // Ten jobs at a time: five batches.
+  for (int batch = 0; batch < 5; ++batch) {
+    std::vector<std::unique_ptr<ChildProcess>> jobs;
+    for (int j = 0; j < 10; ++j) {
+      jobs.push_back(Ctrun({"--nproc_per_node=4"}, script));
+    }
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      REQUIRE(WaitReady(*jobs[j], 4).size() == 4);
+      jobs[j]->Signal(j % 2 == 0 ? SIGTERM : SIGUSR1);
+    }
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const std::string out = jobs[j]->ReadAll(kWait);
+      INFO("batch " << batch << " job " << j << "\n"
+                    << out << jobs[j]->Stderr());
+      CHECK(jobs[j]->Wait(kWait) == 0);
+      const std::map<int, int> steps = StopSteps(out);
+      REQUIRE(steps.size() == 4);
+      for (const auto& [rank, step] : steps) CHECK(step == steps.at(0));
+      const std::string signal = j % 2 == 0 ? "SIGTERM" : "SIGUSR1";
+      CHECK(absl::StrContains(out, "why=" + signal + " to ctrun on "));
+      CHECK(absl::StrContains(
+          jobs[j]->Stderr(),
+          absl::StrCat("ctrun: the job stops at step ", steps.at(0), " (",
+                       signal, " to ctrun on ")));
+    }
+  }
+}
+
+TEST_CASE(
+    "Preemption signals delivered to the workers themselves wait for the "
+    "stop, and one the agent never gets acts after a second",
+    "[ctrun][integration]") {
+  const std::string script = "exec /usr/bin/python3 " + StopScript();
+  SECTION("with the agent's: a Slurm step's scancel --signal=TERM") {
+    auto c = Ctrun({"--nproc_per_node=4"}, script);
+    const std::vector<pid_t> pids = WaitReady(*c, 4);
+    REQUIRE(pids.size() == 4);
+    for (pid_t pid : pids) kill(pid, SIGTERM);
+    c->Signal(SIGTERM);
+    const std::string out = c->ReadAll(kWait);
+    INFO(out << c->Stderr());
+    CHECK(c->Wait(kWait) == 0);
+    const std::map<int, int> steps = StopSteps(out);
+    REQUIRE(steps.size() == 4);
+    for (const auto& [rank, step] : steps) CHECK(step == steps.at(0));
+  }
+  SECTION("a worker's alone") {
+    auto c = Ctrun({"--nproc_per_node=2"}, script);
+    const std::vector<pid_t> pids = WaitReady(*c, 2);
+    REQUIRE(pids.size() == 2);
+    const absl::Time sent = absl::Now();
+    kill(pids[1], SIGTERM);
+    const std::string out = c->ReadAll(kWait);
+    INFO(out << c->Stderr());
+    CHECK(absl::Now() - sent >= absl::Seconds(1));
+    CHECK(c->Wait(kWait) == 143);  // the job fails as it did before
+    CHECK(absl::StrContains(c->Stderr(), "SIGTERM"));
+    CHECK(StopSteps(out).empty());
+  }
+}
+
+TEST_CASE(
+    "A coordinated stop that a rank never checks falls back to the signal "
+    "after --preemption_grace",
+    "[ctrun][integration]") {
+  auto c = Ctrun({"--nproc_per_node=2", "--preemption_grace=2"},
+                 "exec /usr/bin/python3 " + StopScript(/*rank1_checks=*/false));
+  REQUIRE(WaitReady(*c, 2).size() == 2);
+  c->Signal(SIGTERM);
+  const std::string out = c->ReadAll(kWait);
+  const std::string err = c->Stderr();
+  INFO(out << err);
+  CHECK(c->Wait(kWait) == 143);
+  // Rank 0 stopped when the rendezvous decided without rank 1 (its hold
+  // window: half the grace); rank 1 had the signal at the grace.
+  const std::map<int, int> steps = StopSteps(out);
+  CHECK(steps.size() == 1);
+  CHECK(steps.count(0) == 1);
+  CHECK(absl::StrContains(err,
+                          "ctrun: the job did not stop within "
+                          "--preemption_grace=2s: SIGTERM acts as "
+                          "without it"));
 }
 
 TEST_CASE("SIGUSR1 is forwarded to the workers, which keep running",

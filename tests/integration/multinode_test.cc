@@ -109,6 +109,40 @@ TEST_CASE(
   CHECK(node.Wait(kWait).has_value());
 }
 
+TEST_CASE(
+    "A preemption signal to one node stops the ranks of both at one step, "
+    "and both exit 0",
+    "[multinode][integration]") {
+  Daemon daemon;
+  const std::vector<std::string> flags = {
+      "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+      "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=preempted"};
+  // C++ workers stepping at 2 ms x (rank + 1) until ctrun::ShouldStop().
+  const std::string script = absl::StrCat("exec ", WorkerProbePath(), " stop");
+  auto a = Node(2, flags, script);
+  auto b = Node(3, flags, script);
+  for (auto* node : {a.get(), b.get()}) {
+    for (int i = 0; i < 2; ++i)
+      REQUIRE(node->WaitForLine("ready rank=", kWait));
+  }
+  b->Signal(SIGTERM);
+  const std::string out = a->ReadAll(kWait) + b->ReadAll(kWait);
+  INFO(out << a->Stderr() << b->Stderr());
+  CHECK(a->Wait(kWait) == 0);
+  CHECK(b->Wait(kWait) == 0);
+  std::set<std::string> steps, ranks;
+  const std::regex line(
+      "ok stop rank=([0-3]) step=([0-9]+) why=SIGTERM to ctrun on ");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end;
+       ++it) {
+    ranks.insert((*it)[1]);
+    steps.insert((*it)[2]);
+  }
+  CHECK(ranks.size() == 4);
+  CHECK(steps.size() == 1);
+  CHECK(absl::StrContains(a->Stderr(), "ctrun: the job stops at step "));
+}
+
 TEST_CASE("Two nodes meet at a ctrund", "[multinode][integration]") {
   Daemon daemon;
   const std::vector<std::string> flags = {

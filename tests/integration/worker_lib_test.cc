@@ -98,6 +98,28 @@ TEST_CASE("Workers of one node that would share a GPU are refused by name",
   CHECK(CountMatches(own.out, "ok gpu-share rank=[0-2] gpu=gpu-[0-2]") == 3);
 }
 
+TEST_CASE(
+    "C++ workers stepping at different speeds stop at one step on a "
+    "preemption signal, with ctrun::ShouldStop",
+    "[worker][integration]") {
+  ChildProcess p({CtrunPath(), "--standalone", "--nproc_per_node=4",
+                  WorkerProbePath(), "stop"});
+  for (int i = 0; i < 4; ++i) REQUIRE(p.WaitForLine("ready rank=", kWait));
+  p.Signal(SIGUSR2);
+  const std::string out = p.ReadAll(kWait);
+  INFO(out << p.Stderr());
+  CHECK(p.Wait(kWait) == 0);
+  std::set<std::string> steps;
+  const std::regex line(
+      "ok stop rank=[0-3] step=([0-9]+) why=SIGUSR2 to ctrun on ");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end;
+       ++it) {
+    steps.insert((*it)[1]);
+  }
+  CHECK(CountMatches(out, "ok stop rank=") == 4);
+  CHECK(steps.size() == 1);
+}
+
 TEST_CASE("Four workers all-reduce with Gloo through the job's store",
           "[worker][integration]") {
   auto r = Launch({"--nproc_per_node=4", WorkerProbePath(), "gloo"});

@@ -11,6 +11,9 @@
 //   worker_probe steps N R       N steps of 50 ms, each a heartbeat and a
 //                                "step" section; rank R stops in its 11th
 //                                in the first attempt (a hang)
+//   worker_probe stop            steps of 2 ms x (rank + 1), each a
+//                                heartbeat and a stop check; says "ready"
+//                                at step 5, and the step it stops at
 //   worker_probe gpu-share same|own  claims one GPU for all workers, or
 //                                one each (CheckGpuNotShared)
 //   worker_probe resilient N     N steps of all-reducing rank+1 (20 ms
@@ -192,6 +195,26 @@ int Steps(const ctrun::WorkerIdentity& id, int steps, int hang_rank) {
   return 0;
 }
 
+// Steps at the rank's own pace until the job's coordinated stop.
+int Stop(const ctrun::WorkerIdentity& id) {
+  EXPECT(ctrun::ProgressReported());
+  EXPECT(!ctrun::ShouldStop());
+  EXPECT(ctrun::Preempted().empty());
+  for (int64_t step = 1;; ++step) {
+    absl::SleepFor(absl::Milliseconds(2 * (id.rank + 1)));
+    ctrun::Heartbeat();
+    if (step == 5) {
+      std::printf("ready rank=%d\n", id.rank);
+      std::fflush(stdout);
+    }
+    if (ctrun::ShouldStop()) {
+      std::printf("ok stop rank=%d step=%lld why=%s\n", id.rank,
+                  static_cast<long long>(step), ctrun::Preempted().c_str());
+      return 0;
+    }
+  }
+}
+
 }  // namespace
 
 // Resumes at the furthest step any rank reached; every step's sum is
@@ -279,6 +302,7 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Seconds(std::atoi(argv[2])));
     return 0;
   }
+  if (mode == "stop") return Stop(*id);
   if (mode == "steps" && argc == 4) {
     return Steps(*id, std::atoi(argv[2]), std::atoi(argv[3]));
   }
