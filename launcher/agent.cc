@@ -29,6 +29,7 @@
 #include "launcher/python_module.h"
 #include "launcher/workers/proc.h"
 #include "launcher/workers/run_directory.h"
+#include "launcher/workers/slurm_requeue.h"
 #include "launcher/workers/watchdog.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/grpc_status.h"
@@ -675,6 +676,9 @@ void Agent::Apply(const AgentEffect& effect) {
     AgentEffects more;
     policy_.OnProgressRead(board_->Read(), MonotonicNow(), absl::Now(), &more);
     Apply(std::move(more));
+  } else if (auto* requeue = std::get_if<e::RequeueSlurmJob>(&effect)) {
+    err_->WriteAgentLine(
+        absl::StrCat("ctrun: ", RequeueSlurmJob(requeue->job_id), "\n"));
   } else if (auto* stop = std::get_if<e::PostStop>(&effect)) {
     if (board_)
       board_->SetStop(BoardStopState(stop->state), stop->step, stop->reason);

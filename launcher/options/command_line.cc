@@ -996,6 +996,7 @@ absl::Status ResolveRendezvous(const SlurmContext& slurm, const EnvMap& env,
   if (slurm.facts && slurm.facts->in_step()) {
     o.parent_signals_workers = SlurmSignalsWholeStep(env);
   }
+  if (slurm.facts) o.slurm_job_id = slurm.facts->job_id;
   if (slurm.rendezvous) {
     o.slurm_node_id = slurm.facts->node_id;
     o.munge_socket = MungeSocketFor(env);

@@ -100,6 +100,9 @@ struct LaunchOptions {
   // parent (slurmstepd) has reached the workers already, so it is not
   // forwarded again.
   bool parent_signals_workers = false;
+  // SLURM_JOB_ID inside an allocation: after a coordinated stop on SIGUSR1,
+  // group rank 0's agent asks Slurm to requeue the job.
+  std::string slurm_job_id;
   // --rdzv_conf tls_ca (to verify the rendezvous), tls_cert and tls_key
   // (to serve it, on the hosting node).
   std::string tls_ca, tls_cert, tls_key;

@@ -148,6 +148,7 @@ void AgentPolicy::OnMessage(const v1::ServerMessage& m, absl::Time now,
       return OnRestartRequired(m.restart_required(), now, effects);
     case v1::ServerMessage::kJobFinished:
       Record("job_finished", effects);
+      RequeueAfterStop(effects);
       End(Ending::kJobFinished, now, effects);
       return;
     case v1::ServerMessage::kJobFailed:
@@ -508,6 +509,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   phase_ = Phase::kRunning;
   report_ = v1::WorkerReport::RUNNING;
   stop_aware_ = holding_ = false;
+  stop_signal_ = 0;
   hold_poll_at_ = absl::InfiniteFuture();
   if (stop_posted_) {  // kept workers must not see the last round's stop
     effects->push_back(agent_effect::PostStop{agent_effect::StopState::kIdle});

@@ -51,6 +51,8 @@
 //   again, the signal acts as without a stop, the board saying so first
 //   (the workers' check holds back a preemption signal delivered to them
 //   until then). A new round asks again once its workers call the check.
+//   A job that finishes after a stop on SIGUSR1 inside Slurm is requeued
+//   by group rank 0's node (Slurm's --signal=USR1@T before the limit).
 // - Job control: SIGTSTP (Ctrl-Z), or the worker in ctrun's process group
 //   stopping on the terminal while ctrun is in the background, stops the
 //   workers and the agent together; once the agent is continued, so are
@@ -227,6 +229,11 @@ struct PostStop {
   int64_t step = 0;
   std::string reason{};
 };
+// Asks Slurm to requeue job `job_id` (slurm_requeue.h) and says how it
+// went.
+struct RequeueSlurmJob {
+  std::string job_id;
+};
 // The agent exits with `code`.
 struct Exit {
   int code;
@@ -248,7 +255,8 @@ using AgentEffect = std::variant<
     agent_effect::ProbeRendezvous, agent_effect::ReadProgress,
     agent_effect::CheckProcessGroup, agent_effect::CollectEvidence,
     agent_effect::EndEvidence, agent_effect::KillTimedOut,
-    agent_effect::PostStop, agent_effect::Exit, agent_effect::Record>;
+    agent_effect::PostStop, agent_effect::RequeueSlurmJob, agent_effect::Exit,
+    agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 // "SIGTERM", or "signal N" for a number with no name.
@@ -450,6 +458,9 @@ class AgentPolicy {
   void SendStopAsk(AgentEffects* effects);
   void OnStopAt(const v1::StopAt& stop, absl::Time now, AgentEffects* effects);
   void SendHeld(int64_t step, AgentEffects* effects);
+  // The job finished: after a stop on SIGUSR1 in Slurm, group rank 0's
+  // node asks for a requeue.
+  void RequeueAfterStop(AgentEffects* effects) const;
   void TrackStop(const std::vector<ProgressSample>& samples,
                  AgentEffects* effects);
   void TickStop(absl::Time now, AgentEffects* effects);
@@ -654,6 +665,8 @@ class AgentPolicy {
   bool holding_ = false;
   absl::Time hold_poll_at_ = absl::InfiniteFuture();
   bool stop_posted_ = false;
+  // The signal of the stop decided in this round (0: none).
+  int stop_signal_ = 0;
   // The round's latest progress while joining, when it came, and when it
   // is next printed (InfiniteFuture: none came yet).
   std::optional<v1::Progress> progress_;

@@ -45,6 +45,7 @@ void AgentPolicy::SendStopAsk(AgentEffects* effects) {
   v1::StopVote& vote = *m.mutable_stop_vote();
   vote.set_round(round());
   vote.set_asked(preemption_->reason);
+  vote.set_signal(preemption_->signal);
   // Half the grace to agree on the step, the rest to reach it and save.
   vote.set_hold_ms(
       absl::ToInt64Milliseconds(*config_.options.preemption_grace / 2));
@@ -70,6 +71,7 @@ void AgentPolicy::OnStopAt(const v1::StopAt& stop, absl::Time now,
   }
   holding_ = false;
   hold_poll_at_ = absl::InfiniteFuture();
+  stop_signal_ = stop.signal();
   if (live_workers() == 0) return;
   stop_posted_ = true;
   effects->push_back(PostStop{StopState::kAt, stop.step(), stop.reason()});
@@ -110,6 +112,14 @@ void AgentPolicy::TrackStop(const std::vector<ProgressSample>& samples,
     SendStopAsk(effects);
   }
   if (holding_ && all_held) SendHeld(step, effects);
+}
+
+void AgentPolicy::RequeueAfterStop(AgentEffects* effects) const {
+  if (stop_signal_ == SIGUSR1 && !config_.options.slurm_job_id.empty() &&
+      assignment_ && assignment_->group_rank() == 0) {
+    effects->push_back(
+        agent_effect::RequeueSlurmJob{config_.options.slurm_job_id});
+  }
 }
 
 void AgentPolicy::TickStop(absl::Time now, AgentEffects* effects) {

@@ -6,6 +6,7 @@ namespace ctrun {
 
 std::optional<v1::StopAt> CoordinatedStop::Ask(int64_t round,
                                                const std::string& reason,
+                                               int32_t signal,
                                                absl::Duration hold,
                                                absl::Time now) {
   if (asked_) return std::nullopt;  // one stop per round: the first asks
@@ -13,6 +14,7 @@ std::optional<v1::StopAt> CoordinatedStop::Ask(int64_t round,
   deadline_ = now + std::clamp(hold, absl::ZeroDuration(), kMaxHold);
   stop_.set_round(round);
   stop_.set_reason(reason);
+  stop_.set_signal(signal);
   return stop_;
 }
 

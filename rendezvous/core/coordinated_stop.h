@@ -35,7 +35,8 @@ class CoordinatedStop {
   // `node` asks for a stop in `round` (the job's current one): the message
   // for every member when this is the round's first ask.
   std::optional<v1::StopAt> Ask(int64_t round, const std::string& reason,
-                                absl::Duration hold, absl::Time now);
+                                int32_t signal, absl::Duration hold,
+                                absl::Time now);
   // Node `node` holds at `step`; `members` must hold before the step is
   // decided. The decision when this completes it.
   std::optional<v1::StopAt> Held(uint64_t node, int64_t step, size_t members);

@@ -451,7 +451,7 @@ void RendezvousCore::OnStopVote(Job& job, Node& node, const v1::StopVote& vote,
   if (!vote.asked().empty()) {
     const std::string reason(
         Utf8Prefix(vote.asked(), CoordinatedStop::kMaxReasonBytes));
-    auto hold = job.stop.Ask(job.round, reason,
+    auto hold = job.stop.Ask(job.round, reason, vote.signal(),
                              absl::Milliseconds(vote.hold_ms()), now);
     if (hold) {
       v1::Event& e = AddEvent(job.id, job.round, "stop_asked", effects);

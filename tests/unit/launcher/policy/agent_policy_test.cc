@@ -2280,5 +2280,40 @@ TEST_CASE(
   CHECK(stops::Votes(h.effects()).empty());  // once
 }
 
+TEST_CASE(
+    "A job that finishes after a stop on SIGUSR1 in Slurm is requeued by "
+    "group rank 0's node only",
+    "[agent][unit]") {
+  struct Case {
+    int group_rank;
+    int signal;
+    std::string slurm_job;
+    bool requeued;
+  };
+  for (const Case& c : {Case{0, SIGUSR1, "42", true},
+                        Case{1, SIGUSR1, "42", false},
+                        Case{0, SIGTERM, "42", false},
+                        Case{0, SIGUSR1, "", false}}) {
+    LaunchOptions o = Options();
+    o.slurm_job_id = c.slurm_job;
+    Harness h(o);
+    v1::ServerMessage m;
+    m.mutable_assignment()->set_group_rank(c.group_rank);
+    m.mutable_assignment()->set_world_size(4);
+    h.Message(m);
+    h.Started({0, 1});
+    v1::ServerMessage stop = stops::StopAt(0, /*decided=*/true, 9);
+    stop.mutable_stop_at()->set_signal(c.signal);
+    h.Message(stop);
+    h.Exit(0, 0);
+    h.Exit(1, 0);
+    h.Message(Finished());
+    INFO("group rank " << c.group_rank << ", signal " << c.signal);
+    CHECK(h.Has<e::RequeueSlurmJob>() == c.requeued);
+    if (c.requeued) CHECK(h.Get<e::RequeueSlurmJob>().job_id == "42");
+    CHECK(h.ExitCode() == 0);
+  }
+}
+
 }  // namespace
 }  // namespace ctrun

@@ -1,5 +1,7 @@
 #include "rendezvous/core/rendezvous_core.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -1999,18 +2001,19 @@ TEST_CASE(
 TEST_CASE("A coordinated stop's hold window is bounded", "[rendezvous][unit]") {
   CoordinatedStop stop;
   const absl::Time t0 = absl::UnixEpoch();
-  REQUIRE(stop.Ask(0, "x", absl::Hours(5), t0));
+  REQUIRE(stop.Ask(0, "x", SIGTERM, absl::Hours(5), t0));
   CHECK(stop.deadline() == t0 + CoordinatedStop::kMaxHold);
-  CHECK_FALSE(stop.Ask(0, "y", absl::Seconds(1), t0));
+  CHECK_FALSE(stop.Ask(0, "y", SIGTERM, absl::Seconds(1), t0));
   CHECK_FALSE(stop.Tick(t0 + CoordinatedStop::kMaxHold - absl::Seconds(1)));
   auto decided = stop.Tick(t0 + CoordinatedStop::kMaxHold);
   REQUIRE(decided);
   CHECK(decided->reason() == "x");
+  CHECK(decided->signal() == SIGTERM);
   CHECK(stop.deadline() == absl::InfiniteFuture());
   CHECK_FALSE(stop.Held(1, 5, 1));  // decided once
   stop.NewRound();
   CHECK_FALSE(stop.asked());
-  REQUIRE(stop.Ask(1, "z", absl::Seconds(-3), t0));
+  REQUIRE(stop.Ask(1, "z", SIGUSR1, absl::Seconds(-3), t0));
   CHECK(stop.deadline() == t0);
 }
 
