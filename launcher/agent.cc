@@ -26,7 +26,9 @@
 #include "ctrun/v1/admin.grpc.pb.h"
 #include "launcher/hw/topology.h"
 #include "launcher/options/worker_command.h"
+#include "launcher/policy/health_gate.h"
 #include "launcher/python_module.h"
+#include "launcher/workers/health_check.h"
 #include "launcher/workers/proc.h"
 #include "launcher/workers/run_directory.h"
 #include "launcher/workers/slurm_requeue.h"
@@ -84,6 +86,9 @@ AgentPolicyConfig PolicyConfig(const AgentConfig& c) {
   p.omp_threads_set = c.workers.env.contains(env::kOmpNumThreads);
   // Read only where it matters: a node that may wait as a spare.
   p.parks = c.workers.options.spares > 0 && ParksForSlot(c.workers.worker_argv);
+  // Answered at once when there is nothing to check (no --health_check,
+  // no NVML).
+  p.health_gate = true;
   return p;
 }
 
@@ -95,7 +100,7 @@ AgentPolicyConfig PolicyConfig(const AgentConfig& c) {
 class Agent::Inbox {
  public:
   struct Item {
-    enum Kind { kMessage, kSessionEnd, kRedirected, kProbe } kind;
+    enum Kind { kMessage, kSessionEnd, kRedirected, kProbe, kHealth } kind;
     uint64_t generation = 0;
     v1::ServerMessage message;
     absl::Status status;
@@ -621,6 +626,10 @@ void Agent::DrainInbox() {
       case Inbox::Item::kProbe:
         policy_.OnProbeResult(item.status, now, &effects);
         break;
+      case Inbox::Item::kHealth:
+        policy_.OnHealthChecked(std::string(item.status.message()), now,
+                                &effects);
+        break;
       case Inbox::Item::kMessage:
         if (item.generation != session_generation_) continue;
         // Whether a restart keeps the workers depends on what their slots
@@ -656,14 +665,16 @@ void Agent::Apply(const AgentEffect& effect) {
   } else if (auto* print = std::get_if<e::Print>(&effect)) {
     err_->WriteAgentLine(print->text);
   } else if (auto* open = std::get_if<e::OpenSession>(&effect)) {
-    OpenSession(open->resume_round);
+    OpenSession(open->resume_round, open->unhealthy);
   } else if (std::holds_alternative<e::CancelSession>(effect)) {
     ++session_generation_;
     if (session_) session_->Cancel();
   } else if (auto* send = std::get_if<e::Send>(&effect)) {
     if (session_) session_->Send(send->message);
   } else if (auto* rejoin = std::get_if<e::SendRejoin>(&effect)) {
-    if (session_) session_->Send(MakeRejoin(rejoin->round));
+    if (session_) session_->Send(MakeRejoin(rejoin->round, rejoin->unhealthy));
+  } else if (std::holds_alternative<e::CheckHealth>(effect)) {
+    CheckHealth();
   } else if (auto* check = std::get_if<e::CheckProcessGroup>(&effect)) {
     AgentEffects more;
     policy_.OnProcessGroupChecked(
@@ -764,18 +775,56 @@ void Agent::Apply(const AgentEffect& effect) {
   }
 }
 
-v1::AgentMessage Agent::MakeRejoin(int64_t round) const {
+v1::AgentMessage Agent::MakeRejoin(int64_t round,
+                                   const std::string& unhealthy) const {
   v1::AgentMessage m;
   m.mutable_rejoin()->set_round(round);
+  if (!unhealthy.empty()) {
+    m.mutable_rejoin()->set_unhealthy(unhealthy);
+    m.mutable_rejoin()->set_quarantine_ms(
+        absl::ToInt64Milliseconds(config_.workers.options.quarantine));
+  }
   m.mutable_rejoin()->set_master_port_candidate(
       FindFreePort(config_.workers.address, master_port_));
   return m;
 }
 
-void Agent::OpenSession(std::optional<int64_t> resume_round) {
+void Agent::CheckHealth() {
+  const std::string& command = config_.workers.options.health_check;
+  health_.reset();  // one still running answers nothing any more
+  if (command.empty() && !nvml_) {
+    AgentEffects more;
+    policy_.OnHealthChecked("", MonotonicNow(), &more);
+    Apply(std::move(more));
+    return;
+  }
+  std::function<std::string()> gpus;
+  if (nvml_) {
+    gpus = [nvml = nvml_.get()] {
+      return JudgeGpus(GivenGpus(getenv("CUDA_VISIBLE_DEVICES"),
+                                 getenv("SLURM_GPUS_ON_NODE")),
+                       nvml->device_count(), nvml->ReadHealth());
+    };
+  }
+  health_ = std::make_unique<HealthCheck>(
+      command, std::move(gpus), [inbox = inbox_](std::string problem) {
+        inbox->Post({Inbox::Item::kHealth,
+                     0,
+                     {},
+                     problem.empty() ? absl::OkStatus()
+                                     : absl::FailedPreconditionError(problem)});
+      });
+}
+
+void Agent::OpenSession(std::optional<int64_t> resume_round,
+                        const std::string& unhealthy) {
   const auto& o = config_.workers.options;
   v1::Join join;
   join.set_job_id(o.run_id);
+  if (!unhealthy.empty()) {
+    join.set_unhealthy(unhealthy);
+    join.set_quarantine_ms(absl::ToInt64Milliseconds(o.quarantine));
+  }
   auto* s = join.mutable_settings();
   s->set_min_nodes(o.min_nodes);
   s->set_max_nodes(o.max_nodes);

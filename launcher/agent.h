@@ -26,6 +26,7 @@
 #include "launcher/workers/agent_board.h"
 #include "launcher/workers/console.h"
 #include "launcher/workers/evidence.h"
+#include "launcher/workers/health_check.h"
 #include "launcher/workers/template_spawner.h"
 #include "launcher/workers/worker_group.h"
 #include "rendezvous/client/client.h"
@@ -95,9 +96,13 @@ class Agent {
   // Carries out `effects` in order, with what they lead to.
   void Apply(AgentEffects effects);
   void Apply(const AgentEffect& effect);
-  void OpenSession(std::optional<int64_t> resume_round);
+  void OpenSession(std::optional<int64_t> resume_round,
+                   const std::string& unhealthy);
+  // Starts the health check; its verdict comes through the inbox.
+  void CheckHealth();
   void Probe();
-  v1::AgentMessage MakeRejoin(int64_t round) const;
+  v1::AgentMessage MakeRejoin(int64_t round,
+                              const std::string& unhealthy) const;
 
   // Constant after construction.
   const AgentConfig config_;
@@ -120,6 +125,8 @@ class Agent {
   int evidence_focus_ = -1;
   std::unique_ptr<Nvml> nvml_;           // null without NVIDIA's driver
   std::unique_ptr<GpuWatch> gpu_watch_;  // with nvml_
+  // The health check under way, if any; ended before nvml_, which it reads.
+  std::unique_ptr<HealthCheck> health_;
   // The current round's workers, by local rank, for ReportUsage.
   struct RankRun {
     int rank = 0;

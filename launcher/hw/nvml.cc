@@ -36,6 +36,10 @@ struct Nvml::Api {
   nvmlReturn_t (*handle)(unsigned int, nvmlDevice_t*);
   nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlUtilization_t*);
   nvmlReturn_t (*processes)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*);
+  // Optional (health gate): null when the library lacks them.
+  nvmlReturn_t (*ecc_errors)(nvmlDevice_t, int, int,
+                             unsigned long long*);  // NOLINT: NVML's type
+  nvmlReturn_t (*retired_pending)(nvmlDevice_t, int*);
 };
 
 namespace {
@@ -72,6 +76,11 @@ std::unique_ptr<Nvml> Nvml::Load() {
             &api->processes) ||
        Bind(library, "nvmlDeviceGetComputeRunningProcesses_v2",
             &api->processes));
+  // nvmlDeviceGetTotalEccErrors(device, NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+  // NVML_VOLATILE_ECC, &count); nvmlDeviceGetRetiredPagesPendingStatus.
+  Bind(library, "nvmlDeviceGetTotalEccErrors", &api->ecc_errors);
+  Bind(library, "nvmlDeviceGetRetiredPagesPendingStatus",
+       &api->retired_pending);
   unsigned int count = 0;
   if (!bound || api->init() != kNvmlSuccess) {
     dlclose(library);
@@ -127,6 +136,36 @@ std::vector<GpuDeviceReading> Nvml::Read() {
           p.usedGpuMemory == kNvmlValueNotAvailable ? 0 : p.usedGpuMemory});
     }
     out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<GpuHealth> Nvml::ReadHealth() {
+  constexpr int kUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+  constexpr int kVolatile = 0;     // NVML_VOLATILE_ECC: since the last boot
+  std::vector<GpuHealth> out;
+  for (const GpuDeviceReading& reading : Read()) {
+    GpuHealth h;
+    h.gpu = reading.gpu;
+    for (const GpuProcess& p : reading.processes) {
+      h.processes.emplace_back(p.pid, p.used_bytes);
+    }
+    nvmlDevice_t device = nullptr;
+    if (api_->handle(static_cast<unsigned int>(reading.gpu), &device) ==
+        kNvmlSuccess) {
+      unsigned long long ecc = 0;  // NOLINT: NVML's type
+      if (api_->ecc_errors != nullptr &&
+          api_->ecc_errors(device, kUncorrected, kVolatile, &ecc) ==
+              kNvmlSuccess) {
+        h.uncorrected_ecc = static_cast<int64_t>(ecc);
+      }
+      int pending = 0;
+      if (api_->retired_pending != nullptr &&
+          api_->retired_pending(device, &pending) == kNvmlSuccess) {
+        h.retired_pending = pending != 0 ? 1 : 0;
+      }
+    }
+    out.push_back(std::move(h));
   }
   return out;
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher/policy/health_gate.h"
+
 namespace ctrun {
 
 // A process with a context on a GPU.
@@ -41,6 +43,9 @@ class Nvml {
   // Every GPU's utilisation and compute processes, now. A GPU NVML fails
   // to read is left out.
   std::vector<GpuDeviceReading> Read();
+  // Every GPU's health (health_gate.h): its ECC errors and pending retired
+  // pages where NVML has the calls, and its compute processes.
+  std::vector<GpuHealth> ReadHealth();
 
  private:
   struct Api;

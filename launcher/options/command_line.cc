@@ -85,6 +85,15 @@ constexpr FlagSpec kFlags[] = {
      "rank's should_stop() returns true, to checkpoint there and exit 0; "
      "after this long without an end the signal acts as without it (off: "
      "at once)"},
+    {"health_check", 0, Kind::kValue, "", "CMD",
+     "a shell command run before this node joins and before each rejoin, "
+     "within 60 s (exit 0: healthy); on a GPU node NVML is asked too (as "
+     "many GPUs as workers, no uncorrected ECC errors or pending retired "
+     "pages, no other process holding over 1 GiB): a node that fails is "
+     "not admitted and says why"},
+    {"quarantine_seconds", 0, Kind::kValue, "600", "SECONDS",
+     "how long the rendezvous refuses a host whose health check failed, "
+     "for every job it serves (ctrund status lists them)"},
     {"spares", 0, Kind::kValue, "0", "K",
      "up to K nodes beyond --nnodes's maximum wait as hot spares, workers "
      "ready (warm Python, or parked in ctrun.wait_for_slot()); a lost "
@@ -854,6 +863,12 @@ absl::Status ConvertWorkers(const Raw& raw, LaunchOptions& o) {
       ConvertSeconds(raw, "min_progress_seconds", &o.min_progress));
   CTRUN_RETURN_IF_ERROR(
       ConvertSecondsOrOff(raw, "preemption_grace", &o.preemption_grace));
+  o.health_check = raw.at("health_check").text;
+  CTRUN_RETURN_IF_ERROR(
+      ConvertSeconds(raw, "quarantine_seconds", &o.quarantine));
+  if (o.quarantine > absl::Hours(24)) {
+    return BadValue(raw, "quarantine_seconds", "expected seconds in 0..86400");
+  }
   absl::Duration unused_interval;
   CTRUN_RETURN_IF_ERROR(
       ConvertSeconds(raw, "monitor_interval", &unused_interval));

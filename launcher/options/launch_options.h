@@ -122,6 +122,11 @@ struct LaunchOptions {
   // SIGUSR2 to ctrun, workers calling the stop check) may take before the
   // signal acts as without it; empty: off, signals act at once.
   std::optional<absl::Duration> preemption_grace = absl::Seconds(25);
+  // --health_check: a shell command run before each join and rejoin (exit 0:
+  // healthy); --quarantine_seconds: how long the rendezvous then refuses
+  // this host.
+  std::string health_check;
+  absl::Duration quarantine = absl::Seconds(600);
   // --spares: nodes beyond max_nodes the job keeps ready to take a lost
   // node's slot; --segment: this node's label for choosing among them.
   int spares = 0;

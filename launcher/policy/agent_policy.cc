@@ -106,12 +106,55 @@ v1::Event& AgentPolicy::Record(const char* what, AgentEffects* effects) const {
 }
 
 void AgentPolicy::Start(absl::Time now, AgentEffects* effects) {
+  JoinFresh(now, effects);
+}
+
+void AgentPolicy::JoinFresh(absl::Time now, AgentEffects* effects) {
+  if (config_.health_gate) {
+    after_health_ = AfterHealth::kJoin;
+    effects->push_back(agent_effect::CheckHealth{});
+    return;
+  }
   OpenSession(std::nullopt, now, effects);
+}
+
+void AgentPolicy::Rejoin(int64_t round, AgentEffects* effects) {
+  if (config_.health_gate) {
+    after_health_ = AfterHealth::kRejoin;
+    effects->push_back(agent_effect::CheckHealth{});
+    return;
+  }
+  owed_rejoin_ = round;
+  SendRejoinIfOwed(effects);
+}
+
+void AgentPolicy::OnHealthChecked(const std::string& problem, absl::Time now,
+                                  AgentEffects* effects) {
+  const AfterHealth after = std::exchange(after_health_, AfterHealth::kNothing);
+  if (after == AfterHealth::kNothing || phase_ != Phase::kJoining ||
+      ending_ != Ending::kNone) {
+    return;
+  }
+  unhealthy_ = problem;
+  if (!problem.empty()) {
+    Tell(absl::StrCat("this node failed its health check: ", problem,
+                      "; the rendezvous will not admit it (quarantined "
+                      "for --quarantine_seconds=",
+                      absl::ToInt64Seconds(config_.options.quarantine), ")"),
+         effects);
+  }
+  if (after == AfterHealth::kJoin) {
+    OpenSession(std::nullopt, now, effects);
+  } else {
+    owed_rejoin_ = rejoin_round_;
+    SendRejoinIfOwed(effects);
+  }
 }
 
 void AgentPolicy::OpenSession(std::optional<int64_t> resume_round,
                               absl::Time now, AgentEffects* effects) {
-  effects->push_back(agent_effect::OpenSession{resume_round});
+  effects->push_back(agent_effect::OpenSession{
+      resume_round, resume_round ? std::string() : unhealthy_});
   next_heartbeat_ = now + config_.options.keep_alive_interval;
   if (resume_round || link_ == Link::kRetrying) return;
   // A fresh join that nobody answers fails after the join timeout; one
@@ -493,7 +536,7 @@ void AgentPolicy::Report(AgentEffects* effects) const {
 
 void AgentPolicy::SendRejoinIfOwed(AgentEffects* effects) {
   if (!owed_rejoin_ || link_ != Link::kOpen) return;
-  effects->push_back(SendRejoin{*owed_rejoin_});
+  effects->push_back(SendRejoin{*owed_rejoin_, unhealthy_});
   owed_rejoin_.reset();
 }
 
@@ -1325,12 +1368,11 @@ void AgentPolicy::OnStopped(absl::Time now, AgentEffects* effects) {
       assignment_.reset();  // that round's service is gone
       workers_.clear();
       parked_ = told_spare_ = false;
-      OpenSession(std::nullopt, now, effects);
+      JoinFresh(now, effects);
       return;
     case Next::kRejoin:
       phase_ = Phase::kJoining;
-      owed_rejoin_ = rejoin_round_;
-      SendRejoinIfOwed(effects);
+      Rejoin(rejoin_round_, effects);
       return;
     case Next::kWait:
       phase_ = Phase::kWaiting;

@@ -64,6 +64,11 @@
 //   strongest ending wins: signal, job failure, job end, lost rendezvous.
 // - Reports are sent only on an open link; a resumed session hears the last
 //   one again (one sent while the service was away may be lost).
+// - Health gate (config.health_gate): each fresh join and each rejoin after
+//   stopped workers waits for the health check (CheckHealth). A node that
+//   fails says why and joins or rejoins with Join/Rejoin.unhealthy: the
+//   rendezvous refuses it and quarantines its host (--quarantine_seconds),
+//   and the agent ends as for any refusal.
 // - Progress (progress_monitor.h): while workers run, the board is read
 //   every ProgressMonitor::kPollEvery (ReadProgress, answered by
 //   OnProgressRead) and what was learned is reported every kReportEvery. A
@@ -138,6 +143,9 @@ struct Print {
 // node's incarnation in that round.
 struct OpenSession {
   std::optional<int64_t> resume_round;
+  // A fresh join of a node that failed its health check: why (Join.
+  // unhealthy).
+  std::string unhealthy{};
 };
 // Ends the current session at once (the node is lost to the rendezvous).
 struct CancelSession {};
@@ -149,7 +157,11 @@ struct Send {
 // found free by the loop.
 struct SendRejoin {
   int64_t round;
+  std::string unhealthy{};  // as OpenSession's
 };
+// Runs the node's health check (--health_check, NVML) before a join or a
+// rejoin; the loop answers with OnHealthChecked.
+struct CheckHealth {};
 // Starts one worker per local rank, or only those at `local_ranks` beside
 // the live ones (in-process recovery); the loop answers with
 // OnWorkersStarted.
@@ -248,15 +260,15 @@ struct Record {
 using AgentEffect = std::variant<
     agent_effect::Say, agent_effect::Print, agent_effect::OpenSession,
     agent_effect::CancelSession, agent_effect::Send, agent_effect::SendRejoin,
-    agent_effect::StartWorkers, agent_effect::ParkWorkers,
-    agent_effect::EndRound, agent_effect::HandOver, agent_effect::SignalWorker,
-    agent_effect::SignalWorkers, agent_effect::AbandonWorkers,
-    agent_effect::CollectWorkers, agent_effect::SuspendAgent,
-    agent_effect::ProbeRendezvous, agent_effect::ReadProgress,
-    agent_effect::CheckProcessGroup, agent_effect::CollectEvidence,
-    agent_effect::EndEvidence, agent_effect::KillTimedOut,
-    agent_effect::PostStop, agent_effect::RequeueSlurmJob, agent_effect::Exit,
-    agent_effect::Record>;
+    agent_effect::CheckHealth, agent_effect::StartWorkers,
+    agent_effect::ParkWorkers, agent_effect::EndRound, agent_effect::HandOver,
+    agent_effect::SignalWorker, agent_effect::SignalWorkers,
+    agent_effect::AbandonWorkers, agent_effect::CollectWorkers,
+    agent_effect::SuspendAgent, agent_effect::ProbeRendezvous,
+    agent_effect::ReadProgress, agent_effect::CheckProcessGroup,
+    agent_effect::CollectEvidence, agent_effect::EndEvidence,
+    agent_effect::KillTimedOut, agent_effect::PostStop,
+    agent_effect::RequeueSlurmJob, agent_effect::Exit, agent_effect::Record>;
 using AgentEffects = std::vector<AgentEffect>;
 
 // "SIGTERM", or "signal N" for a number with no name.
@@ -272,6 +284,9 @@ struct AgentPolicyConfig {
   // The worker command parks in wait_for_slot (ParksForSlot): a spare
   // starts its workers while it waits, and hands them its slot's world.
   bool parks = false;
+  // The node has a health check to pass (--health_check, or NVML's GPUs)
+  // before each fresh join and each rejoin.
+  bool health_gate = false;
 };
 
 // How one worker's start went (OnWorkersStarted), by local rank.
@@ -366,6 +381,10 @@ class AgentPolicy {
   // The worker in ctrun's process group stopped on the terminal while
   // ctrun was in the background (WorkerGroup::TakeTerminalStop).
   void OnTerminalStop(absl::Time now, AgentEffects* effects);
+  // The answer to CheckHealth: empty when the node is healthy, else one
+  // line saying why not.
+  void OnHealthChecked(const std::string& problem, absl::Time now,
+                       AgentEffects* effects);
   // The answer to ProbeRendezvous.
   void OnProbeResult(const absl::Status& status, absl::Time now,
                      AgentEffects* effects);
@@ -560,6 +579,10 @@ class AgentPolicy {
   void CloseLink(AgentEffects* effects);
   void Report(AgentEffects* effects) const;
   void SendRejoinIfOwed(AgentEffects* effects);
+  // A fresh join, or the owed rejoin, once the health check (if any) passed
+  // or failed.
+  void JoinFresh(absl::Time now, AgentEffects* effects);
+  void Rejoin(int64_t round, AgentEffects* effects);
 
   // Constant after construction.
   const AgentPolicyConfig config_;
@@ -572,6 +595,11 @@ class AgentPolicy {
   // Set when the workers stopped for a rejoin that the link could not carry
   // yet; sent once it is open.
   std::optional<int64_t> owed_rejoin_;
+  // What waits for the health check: a fresh join, or the rejoin of
+  // rejoin_round_; why the last check failed ("" when it passed).
+  enum class AfterHealth { kNothing, kJoin, kRejoin };
+  AfterHealth after_health_ = AfterHealth::kNothing;
+  std::string unhealthy_;
   int exit_signal_ = 0;      // with Ending::kSignal
   std::string job_failure_;  // with Ending::kJobFailed
   // The job's root cause as the rendezvous recorded it (JobFailed), which

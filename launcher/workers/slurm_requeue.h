@@ -6,20 +6,8 @@
 #define CTRUN_LAUNCHER_WORKERS_SLURM_REQUEUE_H_
 
 #include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
-#include "absl/time/time.h"
 
 namespace ctrun {
-
-// Runs `argv` (argv[0] a path, or a name looked up in PATH) with stdin from
-// /dev/null, in a process group of its own, for at most `timeout`: its
-// stdout and stderr together (at most 64 KiB kept). INTERNAL naming the
-// command when it cannot start, exits non-zero (with its output), or runs
-// longer (it is killed).
-absl::StatusOr<std::string> RunBriefly(const std::vector<std::string>& argv,
-                                       absl::Duration timeout);
 
 // Requeues Slurm job `job_id` when Slurm lets it be requeued (`scontrol
 // show job` says Requeue=1: sbatch --requeue, or the cluster's JobRequeue

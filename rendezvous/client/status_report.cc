@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 
 namespace ctrun {
 namespace {
@@ -168,8 +169,17 @@ void PrintJobs(const v1::ListJobsResponse& jobs, bool json,
   }
   if (json) {
     out << FormatJobsJson(jobs);
-  } else {
-    out << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
+    return;
+  }
+  out << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
+  if (jobs.quarantined().empty()) return;
+  out << "quarantined nodes (their health check failed; no job admits them "
+         "until then):\n";
+  for (const v1::QuarantinedNode& q : jobs.quarantined()) {
+    out << "  " << q.hostname() << "  for another "
+        << absl::FormatDuration(absl::Ceil(absl::Milliseconds(q.remaining_ms()),
+                                           absl::Seconds(1)))
+        << " (job " << q.job_id() << "): " << q.reason() << "\n";
   }
 }
 

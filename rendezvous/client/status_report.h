@@ -27,7 +27,8 @@ std::string FormatJobsJson(const v1::ListJobsResponse& jobs);
 absl::StatusOr<v1::ListJobsResponse> FetchJobs(AdminClient& admin,
                                                const std::string& job);
 
-// Writes `jobs` to `out`, as FormatJobs or, with `json`, FormatJobsJson.
+// Writes `jobs` to `out`, as FormatJobs (then the quarantined nodes, when
+// there are any) or, with `json`, FormatJobsJson.
 // When a standby replica sent the calls on (Connection::leader), a line
 // "leader: B (A stands by)" comes first, A being `asked`; with `json` it
 // goes to `notes` instead, so that `out` holds JSON only.

@@ -46,6 +46,10 @@
 //   and names stragglers (straggler_watch.h) to group rank 0's node.
 // - Coordinated stops (coordinated_stop.h): a node's preemption signal
 //   makes the running round agree on one step at which every rank stops.
+// - Health gate: a node that failed its health check (Join.unhealthy,
+//   Rejoin.unhealthy) is refused or evicted with FAILED_PRECONDITION, and
+//   its hostname is quarantined for the time it asked: joins from it to any
+//   job are refused until then.
 // - A job is forgotten when its last session ends.
 // - Durability (ctrund --state-dir): the owner journals the jobs that each
 //   input changed (Effects::changed_jobs, SnapshotJob) and the store's
@@ -173,6 +177,8 @@ class RendezvousCore {
       absl::Duration grace, absl::Time now);
 
   std::vector<v1::JobStatus> ListJobs(absl::Time now) const;
+  // Hosts quarantined after a failed health check, by hostname.
+  std::vector<v1::QuarantinedNode> ListQuarantined(absl::Time now) const;
   absl::StatusOr<v1::JobStatus> DescribeJob(const std::string& job_id,
                                             absl::Time now) const;
 
@@ -198,6 +204,14 @@ class RendezvousCore {
                  absl::Time now, Effects* effects);
   void OnResume(SessionId session, const v1::Join& join, absl::Time now,
                 Effects* effects);
+  // The health gate for a join: OK, or why it is refused (quarantining
+  // a node that failed its check).
+  absl::Status CheckHealthGate(const v1::Join& join, absl::Time now,
+                               Effects* effects);
+  // Quarantines `host` for `hold` after its failed check `reason`.
+  void Quarantine(const std::string& host, const std::string& job,
+                  const std::string& reason, absl::Duration hold,
+                  absl::Time now, Effects* effects);
   void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin, absl::Time now,
                 Effects* effects);
   void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
@@ -263,6 +277,16 @@ class RendezvousCore {
   std::set<std::pair<absl::Time, SessionId>> silent_;
   absl::flat_hash_map<SessionId, absl::Time> silent_deadline_;
   absl::Time last_tick_ = absl::InfinitePast();
+  // Hosts that failed their health check, by hostname; an ended quarantine
+  // is dropped when next looked at. At most kMaxQuarantined.
+  struct Quarantined {
+    absl::Time until;
+    std::string reason;
+    std::string job;
+  };
+  std::map<std::string, Quarantined> quarantined_;
+  static constexpr size_t kMaxQuarantined = 4096;
+  static constexpr absl::Duration kMaxQuarantine = absl::Hours(24);
 };
 
 }  // namespace ctrun

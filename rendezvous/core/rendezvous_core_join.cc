@@ -14,6 +14,7 @@ namespace ctrun {
 using core_internal::AddEvent;
 using core_internal::DescribeFailure;
 using core_internal::kMaxFailureMessageBytes;
+using core_internal::kMaxHostBytes;
 using core_internal::kMaxLearnedSections;
 using core_internal::kMaxLostShown;
 using core_internal::kMaxSectionBytes;
@@ -33,6 +34,10 @@ void RendezvousCore::Job::SetRootCause(const std::string& node_name,
 
 void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
                             absl::Time now, Effects* effects) {
+  if (absl::Status gate = CheckHealthGate(join, now, effects); !gate.ok()) {
+    effects->finishes.emplace_back(session, std::move(gate));
+    return;
+  }
   absl::StatusOr<Job*> job = JobForJoin(join, now, effects);
   absl::Status room = job.ok() ? CheckRoomFor(**job, join) : job.status();
   if (!room.ok()) {
@@ -40,6 +45,72 @@ void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
     return;
   }
   AdmitNode(**job, session, join, now, effects);
+}
+
+namespace {
+
+// A host as quarantine knows it: its name and the address it joins from
+// (nodes of one machine may stand for several, as on loopback).
+std::string HostOf(const v1::Join& join) {
+  return join.address().empty() || join.address() == join.node().hostname()
+             ? join.node().hostname()
+             : absl::StrCat(join.node().hostname(), " (", join.address(), ")");
+}
+
+}  // namespace
+
+absl::Status RendezvousCore::CheckHealthGate(const v1::Join& join,
+                                             absl::Time now, Effects* effects) {
+  if (join.node().hostname().empty() ||
+      join.node().hostname().size() > kMaxHostBytes ||
+      join.address().size() > kMaxHostBytes) {
+    return absl::OkStatus();  // refused by ValidateJoin
+  }
+  const std::string host = HostOf(join);
+  if (!join.unhealthy().empty()) {
+    const std::string reason(
+        Utf8Prefix(join.unhealthy(), kMaxFailureMessageBytes));
+    const absl::Duration hold =
+        std::clamp(absl::Milliseconds(join.quarantine_ms()),
+                   absl::ZeroDuration(), kMaxQuarantine);
+    Quarantine(host, join.job_id(), reason, hold, now, effects);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", host, " failed its health check: ", reason,
+        hold > absl::ZeroDuration()
+            ? absl::StrCat("; quarantined for ", absl::FormatDuration(hold))
+            : ""));
+  }
+  auto it = quarantined_.find(host);
+  if (it == quarantined_.end()) return absl::OkStatus();
+  if (it->second.until <= now) {
+    quarantined_.erase(it);
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("node ", host, " is quarantined for another ",
+                   absl::FormatDuration(
+                       absl::Ceil(it->second.until - now, absl::Seconds(1))),
+                   ": its health check failed (", it->second.reason, ")"));
+}
+
+void RendezvousCore::Quarantine(const std::string& host, const std::string& job,
+                                const std::string& reason, absl::Duration hold,
+                                absl::Time now, Effects* effects) {
+  v1::Event& e = AddEvent(job, 0, "node_quarantined", effects);
+  e.clear_round();
+  e.set_node(host);
+  e.set_reason(reason);
+  e.set_duration_s(absl::ToDoubleSeconds(hold));
+  if (hold <= absl::ZeroDuration()) return;
+  if (!quarantined_.contains(host) && quarantined_.size() >= kMaxQuarantined) {
+    // Full: the quarantine that ends first makes room.
+    auto first = std::min_element(quarantined_.begin(), quarantined_.end(),
+                                  [](const auto& a, const auto& b) {
+                                    return a.second.until < b.second.until;
+                                  });
+    quarantined_.erase(first);
+  }
+  quarantined_[host] = Quarantined{now + hold, reason, job};
 }
 
 absl::StatusOr<RendezvousCore::Job*> RendezvousCore::JobForJoin(
@@ -233,6 +304,24 @@ void RendezvousCore::AdmitToCollectingRound(Job& job, Node& node,
 
 void RendezvousCore::OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
                               absl::Time now, Effects* effects) {
+  if (!rejoin.unhealthy().empty()) {
+    const std::string host = HostOf(node.join);
+    const std::string reason(
+        Utf8Prefix(rejoin.unhealthy(), kMaxFailureMessageBytes));
+    const absl::Duration hold =
+        std::clamp(absl::Milliseconds(rejoin.quarantine_ms()),
+                   absl::ZeroDuration(), kMaxQuarantine);
+    Quarantine(host, job.id, reason, hold, now, effects);
+    Evict(
+        job, node.session,
+        absl::FailedPreconditionError(absl::StrCat(
+            "node ", host, " failed its health check: ", reason,
+            hold > absl::ZeroDuration()
+                ? absl::StrCat("; quarantined for ", absl::FormatDuration(hold))
+                : "")),
+        now, effects);
+    return;
+  }
   if (node.state != v1::NodeStatus::PENDING_REJOIN ||
       rejoin.round() != node.rejoin_round) {
     Evict(job, node.session,

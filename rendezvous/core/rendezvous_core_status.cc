@@ -75,4 +75,18 @@ absl::StatusOr<v1::JobStatus> RendezvousCore::DescribeJob(
   return MakeStatus(*it->second, now);
 }
 
+std::vector<v1::QuarantinedNode> RendezvousCore::ListQuarantined(
+    absl::Time now) const {
+  std::vector<v1::QuarantinedNode> out;
+  for (const auto& [host, q] : quarantined_) {
+    if (q.until <= now) continue;
+    v1::QuarantinedNode& n = out.emplace_back();
+    n.set_hostname(host);
+    n.set_reason(q.reason);
+    n.set_job_id(q.job);
+    n.set_remaining_ms(absl::ToInt64Milliseconds(q.until - now));
+  }
+  return out;
+}
+
 }  // namespace ctrun

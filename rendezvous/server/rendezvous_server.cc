@@ -153,6 +153,12 @@ class RendezvousServer::Impl {
     }
     return core_.ListJobs(MonotonicNow());
   }
+  // For the service's own token only: hosts are not one job's business.
+  std::vector<v1::QuarantinedNode> ListQuarantined(const Access& access) {
+    if (access.job) return {};
+    absl::MutexLock lock(&mu_);
+    return core_.ListQuarantined(MonotonicNow());
+  }
   absl::StatusOr<v1::JobStatus> DescribeJob(const Access& access,
                                             const std::string& id) {
     if (!access.Allows(id)) return access.Refusal(id);
@@ -381,6 +387,9 @@ class AdminService final : public v1::Admin::CallbackService {
     if (!access.ok()) return Done(ctx, access.status());
     for (auto& job : impl_->ListJobs(*access)) {
       *resp->add_jobs() = std::move(job);
+    }
+    for (auto& node : impl_->ListQuarantined(*access)) {
+      *resp->add_quarantined() = std::move(node);
     }
     return Done(ctx, absl::OkStatus());
   }

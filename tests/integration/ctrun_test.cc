@@ -1104,6 +1104,29 @@ TEST_CASE("Workers all on GPU 0 are named once, with the idle GPUs",
   CHECK(CountMatches(err, "ctrun: rank [0-3]: wall") == 0);
 }
 
+TEST_CASE(
+    "A node whose GPUs NVML calls unfit is not admitted, each problem named",
+    "[ctrun][gpu_watch][integration]") {
+  const std::string marker = std::filesystem::temp_directory_path() /
+                             ("ctrun-unfit-" + std::to_string(getpid()));
+  auto c = Ctrun({"--nproc_per_node=2"}, "touch " + marker,
+                 {"CTRUN_NVML_LIBRARY=" + FakeNvmlPath(),
+                  "CTRUN_FAKE_NVML=gpus=3 ecc=0,0,7 retired=0,1,0 "
+                  "other=0:4096",
+                  "CUDA_VISIBLE_DEVICES=0,1,2,3"});
+  const auto code = c->Wait(kWait);
+  const std::string err = c->Stderr();
+  INFO(err);
+  CHECK(code == 1);
+  CHECK(absl::StrContains(
+      err,
+      "ctrun: this node failed its health check: NVML sees 3 GPUs, fewer "
+      "than the 4 this node was given; GPU 0 is held by another process "
+      "(pid 1, 4.0 GiB); GPU 1 has pages pending retirement (it needs a "
+      "reset); GPU 2 has 7 uncorrected ECC errors since boot"));
+  CHECK_FALSE(std::filesystem::exists(marker));  // no worker started
+}
+
 TEST_CASE("Workers each on their own GPU are not named",
           "[ctrun][gpu_watch][integration]") {
   auto c = CtrunOnFakeGpus("0,1,2,3", {"-v"});

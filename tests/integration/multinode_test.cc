@@ -143,6 +143,59 @@ TEST_CASE(
   CHECK(absl::StrContains(a->Stderr(), "ctrun: the job stops at step "));
 }
 
+TEST_CASE(
+    "A node whose health check fails is refused with its message and "
+    "quarantined, and the job waits for a healthy node",
+    "[multinode][integration]") {
+  Daemon daemon;
+  const std::vector<std::string> flags = {
+      "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+      "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=gated"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = flags;
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  };
+  auto healthy = Node(2, with({"--health_check=true"}), kIdentity);
+  auto sick = Node(
+      3,
+      with(
+          {"--health_check=echo checking; echo 'scratch disk full' >&2; exit 4",
+           "--quarantine_seconds=120"}),
+      kIdentity);
+  const std::optional<int> code = sick->Wait(kWait);
+  INFO(sick->Stderr());
+  CHECK(code == 1);
+  CHECK(absl::StrContains(
+      sick->Stderr(),
+      "ctrun: this node failed its health check: `echo checking; echo "
+      "'scratch disk full' >&2; exit 4` exited 4: scratch disk full"));
+  CHECK(absl::StrContains(sick->Stderr(),
+                          "failed its health check: `echo checking; echo "
+                          "'scratch disk full' >&2; exit 4` exited 4: "
+                          "scratch disk full; quarantined for 2m "
+                          "(FAILED_PRECONDITION)"));
+  // Quarantined: a healthy check from that host is refused too.
+  auto again = Node(3, flags, kIdentity);
+  CHECK(again->Wait(kWait) == 1);
+  CHECK(absl::StrContains(again->Stderr(), "is quarantined for another "));
+  // ctrund status lists it.
+  ChildProcess status(
+      {CtrundPath(), "status", "--endpoint", daemon.endpoint()});
+  const std::string table = status.ReadAll(kWait);
+  CHECK(status.Wait(kWait) == 0);
+  CHECK(absl::StrContains(table, "quarantined nodes"));
+  CHECK(absl::StrContains(table, " (127.0.0.3)  for another "));
+  CHECK(absl::StrContains(table, "scratch disk full"));
+  // The healthy node still waits; a healthy one elsewhere completes the job.
+  auto other = Node(4, flags, kIdentity);
+  const std::string out = healthy->ReadAll(kWait) + other->ReadAll(kWait);
+  INFO(out << healthy->Stderr() << other->Stderr());
+  CHECK(healthy->Wait(kWait) == 0);
+  CHECK(other->Wait(kWait) == 0);
+  CheckPermutation(Parse(out), 2);
+}
+
 TEST_CASE("Two nodes meet at a ctrund", "[multinode][integration]") {
   Daemon daemon;
   const std::vector<std::string> flags = {

@@ -6,6 +6,9 @@
 //   util=90,0,0,0     each GPU's utilisation, percent
 //   placement=0,0     the GPU each worker runs on, by its LOCAL_RANK
 //   mib=1024          the memory each worker holds there
+//   ecc=0,3           each GPU's uncorrected ECC errors since boot
+//   retired=0,1       each GPU's pages pending retirement (1: some)
+//   other=2:4096      another process (pid 1) holding 4096 MiB on GPU 2
 //
 // The workers are the calling process's children (ctrun's agent) whose
 // environment has LOCAL_RANK, read from /proc like NVML would see them.
@@ -27,6 +30,9 @@ struct Spec {
   std::vector<unsigned> util;
   std::vector<int> placement;
   unsigned long long mib = 1024;
+  std::vector<int> ecc, retired;
+  int other_gpu = -1;
+  unsigned long long other_mib = 0;
 };
 
 std::vector<int> Numbers(const std::string& list) {
@@ -52,6 +58,15 @@ Spec Read() {
     }
     if (key == "placement") spec.placement = Numbers(value);
     if (key == "mib") spec.mib = std::strtoull(value.c_str(), nullptr, 10);
+    if (key == "ecc") spec.ecc = Numbers(value);
+    if (key == "retired") spec.retired = Numbers(value);
+    if (key == "other") {
+      spec.other_gpu = std::atoi(value.c_str());
+      const auto colon = value.find(':');
+      if (colon != std::string::npos) {
+        spec.other_mib = std::strtoull(value.c_str() + colon + 1, nullptr, 10);
+      }
+    }
   }
   return spec;
 }
@@ -128,12 +143,31 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned* count,
       here.push_back(ProcessInfo{pid, spec.mib << 20, 0, 0});
     }
   }
+  if (spec.other_gpu == gpu) {
+    here.push_back(ProcessInfo{1, spec.other_mib << 20, 0, 0});
+  }
   if (here.size() > *count) {
     *count = static_cast<unsigned>(here.size());
     return 7;  // NVML_ERROR_INSUFFICIENT_SIZE
   }
   *count = static_cast<unsigned>(here.size());
   std::copy(here.begin(), here.end(), infos);
+  return 0;
+}
+
+int nvmlDeviceGetTotalEccErrors(void* device, int type, int counter,
+                                unsigned long long* count) {
+  const Spec spec = Read();
+  const size_t gpu = reinterpret_cast<uintptr_t>(device) - 1;
+  if (type != 1 || counter != 0) return 2;  // uncorrected, volatile only
+  *count = gpu < spec.ecc.size() ? spec.ecc[gpu] : 0;
+  return 0;
+}
+
+int nvmlDeviceGetRetiredPagesPendingStatus(void* device, int* pending) {
+  const Spec spec = Read();
+  const size_t gpu = reinterpret_cast<uintptr_t>(device) - 1;
+  *pending = gpu < spec.retired.size() ? spec.retired[gpu] : 0;
   return 0;
 }
 

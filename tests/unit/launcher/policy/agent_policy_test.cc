@@ -33,14 +33,19 @@ LaunchOptions Options(int workers = 2) {
 class Harness {
  public:
   // `parks`: the workers' program parks in wait_for_slot.
-  explicit Harness(LaunchOptions options = Options(), bool parks = false)
-      : workers_(options.local_world_size), policy_(Config(options, parks)) {
+  // `health_gate`: joins and rejoins wait for a health check.
+  explicit Harness(LaunchOptions options = Options(), bool parks = false,
+                   bool health_gate = false)
+      : workers_(options.local_world_size),
+        policy_(Config(options, parks, health_gate)) {
     policy_.Start(now_, &effects_);
   }
 
-  static AgentPolicyConfig Config(LaunchOptions options, bool parks = false) {
+  static AgentPolicyConfig Config(LaunchOptions options, bool parks = false,
+                                  bool health_gate = false) {
     AgentPolicyConfig c;
     c.parks = parks;
+    c.health_gate = health_gate;
     c.options = std::move(options);
     c.hostname = "node-a";
     c.endpoint = "10.0.0.1:29400";
@@ -70,6 +75,10 @@ class Harness {
   void TerminalStop() {
     effects_.clear();
     policy_.OnTerminalStop(now_, &effects_);
+  }
+  void HealthChecked(const std::string& problem) {
+    effects_.clear();
+    policy_.OnHealthChecked(problem, now_, &effects_);
   }
   void Probed(const absl::Status& status) {
     effects_.clear();
@@ -2290,10 +2299,9 @@ TEST_CASE(
     std::string slurm_job;
     bool requeued;
   };
-  for (const Case& c : {Case{0, SIGUSR1, "42", true},
-                        Case{1, SIGUSR1, "42", false},
-                        Case{0, SIGTERM, "42", false},
-                        Case{0, SIGUSR1, "", false}}) {
+  for (const Case& c :
+       {Case{0, SIGUSR1, "42", true}, Case{1, SIGUSR1, "42", false},
+        Case{0, SIGTERM, "42", false}, Case{0, SIGUSR1, "", false}}) {
     LaunchOptions o = Options();
     o.slurm_job_id = c.slurm_job;
     Harness h(o);
@@ -2313,6 +2321,65 @@ TEST_CASE(
     if (c.requeued) CHECK(h.Get<e::RequeueSlurmJob>().job_id == "42");
     CHECK(h.ExitCode() == 0);
   }
+}
+
+// --- health gate
+// -------------------------------------------------------------------
+
+TEST_CASE(
+    "With a health gate the first join waits for the check, and a failed "
+    "check joins saying why",
+    "[agent][unit]") {
+  SECTION("healthy") {
+    Harness h(Options(), false, /*health_gate=*/true);
+    CHECK(h.Has<e::CheckHealth>());
+    CHECK_FALSE(h.Has<e::OpenSession>());
+    h.Advance(absl::Seconds(700));  // no join timeout runs before the join
+    CHECK_FALSE(h.Has<e::Exit>());
+    h.HealthChecked("");
+    REQUIRE(h.Has<e::OpenSession>());
+    CHECK(h.Get<e::OpenSession>().unhealthy.empty());
+    CHECK_FALSE(h.Get<e::OpenSession>().resume_round.has_value());
+  }
+  SECTION("unhealthy") {
+    Harness h(Options(), false, /*health_gate=*/true);
+    h.HealthChecked("`check.sh` exited 1: disk full");
+    CHECK(
+        h.Said("this node failed its health check: `check.sh` exited 1: "
+               "disk full; the rendezvous will not admit it (quarantined "
+               "for --quarantine_seconds=600)"));
+    REQUIRE(h.Has<e::OpenSession>());
+    CHECK(h.Get<e::OpenSession>().unhealthy ==
+          "`check.sh` exited 1: disk full");
+    // The refusal ends the agent as any refusal does.
+    h.SessionEnd(absl::FailedPreconditionError(
+        "node a failed its health check: disk full; quarantined for 10m"));
+    CHECK(h.Said("refused this node: node a failed its health check"));
+    CHECK(h.ExitCode().has_value());
+    CHECK(h.ExitCode() != 0);
+  }
+}
+
+TEST_CASE(
+    "With a health gate a rejoin waits for the check after the workers "
+    "stopped",
+    "[agent][unit]") {
+  Harness h(Options(), false, /*health_gate=*/true);
+  h.HealthChecked("");
+  h.Assign(0);
+  h.Message(Restart(1));
+  h.Exit(0, 143);
+  h.Exit(1, 143);
+  CHECK(h.Has<e::CheckHealth>());
+  CHECK_FALSE(h.Has<e::SendRejoin>());
+  h.HealthChecked("GPU 1 has 5 uncorrected ECC errors since boot");
+  REQUIRE(h.Has<e::SendRejoin>());
+  CHECK(h.Get<e::SendRejoin>().round == 1);
+  CHECK(h.Get<e::SendRejoin>().unhealthy ==
+        "GPU 1 has 5 uncorrected ECC errors since boot");
+  // A late answer changes nothing.
+  h.HealthChecked("");
+  CHECK(h.effects().empty());
 }
 
 }  // namespace

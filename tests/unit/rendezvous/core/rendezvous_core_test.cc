@@ -2017,5 +2017,82 @@ TEST_CASE("A coordinated stop's hold window is bounded", "[rendezvous][unit]") {
   CHECK(stop.deadline() == t0);
 }
 
+TEST_CASE(
+    "A node that failed its health check is refused and quarantined for "
+    "every job until its time is up",
+    "[rendezvous][unit]") {
+  Harness h;
+  v1::Join sick = h.MakeJoin(1, "gpu7");
+  sick.set_unhealthy("`nvidia-smi` exited 1: GPU 3 fell off the bus");
+  sick.set_quarantine_ms(60'000);
+  h.SendJoin(1, sick);
+  REQUIRE(h.Ended(1));
+  CHECK(h.Ended(1)->code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(h.Ended(1)->message() ==
+        "node gpu7 (10.0.0.1) failed its health check: `nvidia-smi` exited "
+        "1: GPU 3 fell off the bus; quarantined for 1m");
+  auto quarantined = h.core().ListQuarantined(h.now());
+  REQUIRE(quarantined.size() == 1);
+  CHECK(quarantined[0].hostname() == "gpu7 (10.0.0.1)");
+  CHECK(quarantined[0].job_id() == "job");
+  CHECK(quarantined[0].remaining_ms() == 60'000);
+  CHECK(
+      std::any_of(h.events().begin(), h.events().end(), [](const v1::Event& e) {
+        return e.event() == "node_quarantined" && e.node() == "gpu7 (10.0.0.1)";
+      }));
+  // A healthy join from that host, to another job, is refused meanwhile.
+  h.Advance(absl::Seconds(20));
+  v1::Join later = h.MakeJoin(1, "gpu7");
+  later.set_job_id("other-job");
+  h.SendJoin(2, later);
+  REQUIRE(h.Ended(2));
+  CHECK(h.Ended(2)->code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(h.Ended(2)->message() ==
+        "node gpu7 (10.0.0.1) is quarantined for another 40s: its health "
+        "check failed (`nvidia-smi` exited 1: GPU 3 fell off the bus)");
+  // Another host is not.
+  h.Join(3, "gpu8");
+  CHECK_FALSE(h.Ended(3));
+  // Once its time is up it joins.
+  h.Advance(absl::Seconds(40));
+  CHECK(h.core().ListQuarantined(h.now()).empty());
+  h.SendJoin(4, h.MakeJoin(1, "gpu7"));
+  CHECK_FALSE(h.Ended(4));
+}
+
+TEST_CASE(
+    "A node that fails its health check before a rejoin is evicted and "
+    "quarantined, and the job goes on without it",
+    "[rendezvous][unit]") {
+  Harness h(1, 2, 3);
+  h.Join(1, "a");
+  h.Join(2, "b");
+  h.Report(1, 0, v1::WorkerReport::FAILED);
+  h.Rejoin(1, 1);
+  v1::AgentMessage m;
+  m.mutable_rejoin()->set_round(1);
+  m.mutable_rejoin()->set_master_port_candidate(30002);
+  m.mutable_rejoin()->set_unhealthy("`check.sh` exited 2: disk full");
+  m.mutable_rejoin()->set_quarantine_ms(1000);
+  Effects fx;
+  h.core().OnMessage(2, m, h.now(), &fx);
+  REQUIRE(fx.finishes.size() == 1);
+  CHECK(fx.finishes[0].first == 2);
+  CHECK(fx.finishes[0].second.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(fx.finishes[0].second.message() ==
+        "node b (10.0.0.2) failed its health check: `check.sh` exited 2: "
+        "disk full; quarantined for 1s");
+  CHECK(h.core().ListQuarantined(h.now()).size() == 1);
+  // Quarantine zero: refused, nothing remembered.
+  Harness z;
+  v1::Join sick = z.MakeJoin(1, "c");
+  sick.set_unhealthy("bad");
+  z.SendJoin(1, sick);
+  REQUIRE(z.Ended(1));
+  CHECK(z.Ended(1)->message() ==
+        "node c (10.0.0.1) failed its health check: bad");
+  CHECK(z.core().ListQuarantined(z.now()).empty());
+}
+
 }  // namespace
 }  // namespace ctrun

@@ -1,0 +1,83 @@
+#include "launcher/workers/run_briefly.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "launcher/workers/health_check.h"
+
+namespace ctrun {
+namespace {
+
+TEST_CASE("A brief command's output comes back, and its failure names it",
+          "[run_briefly][unit]") {
+  auto ok = RunBriefly({"/bin/sh", "-c", "echo out; echo err >&2"},
+                       absl::Seconds(10));
+  REQUIRE(ok.ok());
+  CHECK(*ok == "out\nerr\n");
+
+  auto failed =
+      RunBriefly({"/bin/sh", "-c", "echo why; exit 3"}, absl::Seconds(10));
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().message() ==
+        "/bin/sh -c echo why; exit 3 failed (exit 3): why");
+
+  auto missing = RunBriefly({"ctrun-no-such-command"}, absl::Seconds(10));
+  REQUIRE_FALSE(missing.ok());
+  CHECK(absl::StrContains(missing.status().message(),
+                          "cannot run ctrun-no-such-command: "));
+}
+
+TEST_CASE("A brief command that runs too long is killed, with its children",
+          "[run_briefly][unit]") {
+  const absl::Time start = absl::Now();
+  // The child keeps the output open: ending the shell alone is not enough.
+  auto slow = RunBriefly({"/bin/sh", "-c", "sleep 30 & sleep 30"},
+                         absl::Milliseconds(300));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  REQUIRE_FALSE(slow.ok());
+  CHECK(absl::StrContains(slow.status().message(), "did not end within 300ms"));
+}
+
+TEST_CASE("A health command passes on exit 0 and fails naming its last line",
+          "[health][unit]") {
+  CHECK(RunHealthCommand("echo fine; true", absl::Seconds(10)).empty());
+  CHECK(RunHealthCommand("echo checking; echo 'disk full' >&2; exit 3",
+                         absl::Seconds(10)) ==
+        "`echo checking; echo 'disk full' >&2; exit 3` exited 3: disk full");
+  CHECK(RunHealthCommand("exit 1", absl::Seconds(10)) == "`exit 1` exited 1");
+  CHECK(RunHealthCommand("sleep 30", absl::Milliseconds(200)) ==
+        "`sleep 30` did not end within 200ms");
+  // What it reads from stdin is nothing: it never waits for a terminal.
+  CHECK(RunHealthCommand("read line", absl::Seconds(10)) ==
+        "`read line` exited 1");
+}
+
+TEST_CASE("A health check under way ends with its owner, its command killed",
+          "[health][unit]") {
+  std::atomic<bool> called{false};
+  const absl::Time start = absl::Now();
+  {
+    HealthCheck check("sleep 30", nullptr,
+                      [&called](std::string) { called = true; });
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK_FALSE(called);
+  std::string verdict = "unset";
+  std::atomic<bool> done{false};
+  {
+    HealthCheck check(
+        "true", [] { return std::string("GPU 0 is sick"); },
+        [&](std::string problem) {
+          verdict = std::move(problem);
+          done = true;
+        });
+    while (!done) absl::SleepFor(absl::Milliseconds(5));
+  }
+  CHECK(verdict == "GPU 0 is sick");
+}
+
+}  // namespace
+}  // namespace ctrun
