@@ -103,11 +103,16 @@ std::vector<SilentWorker> ProgressMonitor::Observe(
       ProgressSample seen = s;
       seen.event_time = std::clamp(s.event_time, from, now);
       seen.beat_time = std::clamp(s.beat_time, started_, now);
-      Learn(w, w.last.section, w.last.untimed, seen.event_time - from);
+      // Waiting in the stop check is no step's silence.
+      Learn(w, w.last.section, w.last.untimed || w.last.held,
+            seen.event_time - from);
       w.last = std::move(seen);
       signalled_ = true;
     }
-    if (timeout_.mode == HangTimeout::Mode::kOff || s.untimed || s.done) {
+    // A worker waiting in its stop check waits for the job's other ranks
+    // (coordinated stops), which are timed themselves.
+    if (timeout_.mode == HangTimeout::Mode::kOff || s.untimed || s.done ||
+        s.held) {
       continue;
     }
     const bool ever = s.events > 0;

@@ -196,6 +196,44 @@ TEST_CASE(
   CheckPermutation(Parse(out), 2);
 }
 
+TEST_CASE(
+    "A rank killed on one node while the other node's ranks die of a reset "
+    "connection first: every node names the killed rank as the root cause",
+    "[multinode][integration]") {
+  Daemon daemon;
+  const std::vector<std::string> flags = {
+      "--nnodes=2",          "--nproc_per_node=2",
+      "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
+      "--rdzv_id=cascade",   "--max_restarts=0"};
+  // Group rank 1's ranks report their communication failure 0.3 s
+  // before rank 1 (on group rank 0) is killed: the order a slow kill report
+  // gives, which the rendezvous must see through.
+  const std::string script =
+      "if [ $RANK = 1 ]; then sleep 1.5; kill -9 $$; fi; "
+      "if [ $GROUP_RANK = 1 ]; then sleep 1.2; echo 'RuntimeError: "
+      "[gloo/transport/tcp/pair.cc:534] Connection reset by peer' >&2; "
+      "exit 1; fi; sleep 30";
+  auto with_hint = [&flags](int rank) {
+    std::vector<std::string> f = flags;
+    f.push_back(absl::StrCat("--node_rank=", rank));
+    return f;
+  };
+  auto a = Node(2, with_hint(0), script);
+  auto b = Node(3, with_hint(1), script);
+  for (auto* node : {a.get(), b.get()}) {
+    node->ReadAll(kWait);
+    INFO(node->Stderr());
+    CHECK(node->Wait(kWait) == 137);  // the root cause's own code
+    const std::string err = node->Stderr();
+    const size_t root = err.find("Root Cause (first observed failure)");
+    REQUIRE(root != std::string::npos);
+    CHECK(err.find("rank       : 1 (local_rank: 1)", root) !=
+          std::string::npos);
+    CHECK(err.find("class      : signal", root) != std::string::npos);
+    CHECK(err.find("Connection reset", root) == std::string::npos);
+  }
+}
+
 TEST_CASE("Two nodes meet at a ctrund", "[multinode][integration]") {
   Daemon daemon;
   const std::vector<std::string> flags = {

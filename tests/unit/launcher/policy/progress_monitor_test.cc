@@ -236,6 +236,19 @@ TEST_CASE("No timeout runs inside an untimed section", "[progress][unit]") {
   CHECK(b.Run(absl::Seconds(1)).size() == 1);
 }
 
+TEST_CASE("No timeout runs while a worker waits in its stop check",
+          "[progress][unit]") {
+  Board b(Fixed(absl::Seconds(1)), 2);
+  b.Beat(0);
+  b.Beat(1);
+  b.sample(0).held = true;
+  CHECK(b.Run(absl::Seconds(10), /*beating=*/1).empty());
+  b.sample(0).held = false;
+  b.Beat(0);
+  CHECK(b.Run(absl::Milliseconds(900), 1).empty());
+  CHECK(b.Run(absl::Seconds(1), 1).size() == 1);
+}
+
 TEST_CASE("A worker that is done is not timed", "[progress][unit]") {
   Board b(Fixed(absl::Seconds(1)), 1);
   b.Beat(0);
