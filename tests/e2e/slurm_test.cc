@@ -325,25 +325,10 @@ TEST_CASE(
     "[slurm][e2e]") {
   SlurmCluster cluster;
   const std::string out = OutDir(cluster, "preempt");
-  // Python workers stepping at 2 ms x (rank + 1), each saying when it runs
+  // Python workers stepping at their own pace, each saying when it runs
   // (a file) and the step ctrun.should_stop() stopped it at.
-  const std::string stepper = out + "/stepper.py";
-  std::ofstream(stepper)
-      << "import os, sys, time\n"
-         "import ctrun\n"
-         "rank = int(os.environ['RANK'])\n"
-         "step = 0\n"
-         "while True:\n"
-         "    time.sleep(0.002 * (rank + 1))\n"
-         "    ctrun.heartbeat()\n"
-         "    step += 1\n"
-         "    if step == 5:\n"
-         "        open('"
-      << out
-      << "/ready.%d' % rank, 'w').close()\n"
-         "    if ctrun.should_stop():\n"
-         "        print('stop rank=%d step=%d' % (rank, step), flush=True)\n"
-         "        sys.exit(0)\n";
+  const std::string stepper = absl::StrCat(
+      SourceDir(), "/tests/support/stop_stepper.py --ready_dir=", out);
   auto job = cluster.Submit(
       "preempt",
       Script({"-N 2", "-t 5"},

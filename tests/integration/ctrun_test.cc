@@ -608,31 +608,12 @@ TEST_CASE(
                  "code was 3)") != std::string::npos);
 }
 
-// A Python worker stepping at its rank's own pace (2 ms x (rank + 1)) that
-// says "ready PID" at step 5 and, once ctrun.should_stop() is true, the
-// step it stops at. `check`: whether rank 1 calls the stop check.
+// tests/support/stop_stepper.py under /bin/sh: ranks stepping at their own
+// pace until ctrun.should_stop(); rank 1 never checks unless `rank1_checks`.
 std::string StopScript(bool rank1_checks = true) {
-  const std::string path =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("ctrun-stop-", getpid(), "-", rank1_checks, ".py");
-  std::ofstream(path) << "import os, sys, time\n"
-                         "import ctrun\n"
-                         "rank = int(os.environ['RANK'])\n"
-                         "checks = rank != 1 or "
-                      << (rank1_checks ? "True" : "False")
-                      << "\n"
-                         "step = 0\n"
-                         "while True:\n"
-                         "    time.sleep(0.002 * (rank + 1))\n"
-                         "    ctrun.heartbeat()\n"
-                         "    step += 1\n"
-                         "    if step == 5:\n"
-                         "        print('ready', os.getpid(), flush=True)\n"
-                         "    if checks and ctrun.should_stop():\n"
-                         "        print('stop step=%d why=%s' % (step, "
-                         "ctrun.preempted()), flush=True)\n"
-                         "        sys.exit(0)\n";
-  return path;
+  return absl::StrCat("exec /usr/bin/python3 ", SourceDir(),
+                      "/tests/support/stop_stepper.py",
+                      rank1_checks ? "" : " --unchecked_rank=1");
 }
 
 // The workers' pids from their "ready PID" lines, once all `n` said it.
@@ -647,10 +628,11 @@ std::vector<pid_t> WaitReady(ChildProcess& c, int n) {
 }
 
 // The steps the ranks said they stopped at, by rank ("R<rank>| stop
-// step=N why=...").
+// rank=R step=N why=...").
 std::map<int, int> StopSteps(const std::string& out) {
   std::map<int, int> steps;
-  static const std::regex kLine("R([0-9]+)\\| stop step=([0-9]+) why=");
+  static const std::regex kLine(
+      "R([0-9]+)\\| stop rank=[0-9]+ step=([0-9]+) why=");
   for (const std::string& line : Lines(out)) {
     std::smatch m;
     if (std::regex_search(line, m, kLine)) {
@@ -664,7 +646,7 @@ TEST_CASE(
     "A preemption signal stops 4 ranks stepping at different speeds at one "
     "step, 50 runs of 50, and each exits 0",
     "[ctrun][integration]") {
-  const std::string script = "exec /usr/bin/python3 " + StopScript();
+  const std::string script = StopScript();
   // Ten jobs at a time: five batches.
   for (int batch = 0; batch < 5; ++batch) {
     std::vector<std::unique_ptr<ChildProcess>> jobs;
@@ -697,7 +679,7 @@ TEST_CASE(
     "Preemption signals delivered to the workers themselves wait for the "
     "stop, and one the agent never gets acts after a second",
     "[ctrun][integration]") {
-  const std::string script = "exec /usr/bin/python3 " + StopScript();
+  const std::string script = StopScript();
   SECTION("with the agent's: a Slurm step's scancel --signal=TERM") {
     auto c = Ctrun({"--nproc_per_node=4"}, script);
     const std::vector<pid_t> pids = WaitReady(*c, 4);
@@ -731,7 +713,7 @@ TEST_CASE(
     "after --preemption_grace",
     "[ctrun][integration]") {
   auto c = Ctrun({"--nproc_per_node=2", "--preemption_grace=2"},
-                 "exec /usr/bin/python3 " + StopScript(/*rank1_checks=*/false));
+                 StopScript(/*rank1_checks=*/false));
   REQUIRE(WaitReady(*c, 2).size() == 2);
   c->Signal(SIGTERM);
   const std::string out = c->ReadAll(kWait);
