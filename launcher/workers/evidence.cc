@@ -8,11 +8,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/workers/proc.h"
 #include "launcher/workers/run_directory.h"
 
 extern char** environ;
@@ -27,12 +27,10 @@ off_t SizeOf(const std::string& path) {
   return stat(path.c_str(), &st) == 0 ? st.st_size : 0;
 }
 
-// `path`'s bytes from `from` on.
-std::string ReadFrom(const std::string& path, off_t from) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(from);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+// What faulthandler appended to a worker's stacks file since `from`, at
+// most this much. The file is in the run directory, which the workers
+// write: a FIFO put in its place is never waited on.
+constexpr size_t kMaxStacksBytes = 8 << 20;
 
 // In the run directory, which the workers write too.
 void WriteFile(const std::string& path, const std::string& text) {
@@ -156,7 +154,8 @@ void EvidenceCollector::SavePython() {
   for (size_t i = 0; i < targets_.size(); ++i) {
     const Target& t = targets_[i];
     if (!t.python.on_signal || t.stacks_file.empty()) continue;
-    const std::string dump = ReadFrom(t.stacks_file, python_[i].from);
+    const std::string dump =
+        ReadProcFile(t.stacks_file, kMaxStacksBytes, python_[i].from);
     if (dump.empty()) continue;
     WriteFile(absl::StrCat(dir_, "/rank", t.rank, ".python.txt"), dump);
     ++python_saved_;

@@ -35,14 +35,15 @@ void ForEachProcess(F f) {
 
 }  // namespace
 
-std::string ReadProcFile(const std::string& path, size_t limit) {
+std::string ReadProcFile(const std::string& path, size_t limit, off_t from) {
   // Non-blocking and regular files only: a FIFO or a device put where a
   // file was expected (in a folder the workers write) must not hold the
   // agent.
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return "";
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (from > 0 && lseek(fd, from, SEEK_SET) != from)) {
     close(fd);
     return "";
   }

@@ -12,11 +12,12 @@
 namespace ctrun {
 
 // Up to `limit` bytes of the regular file `path` (a /proc file, or any
-// other), or "" when it cannot be opened (its process is gone) or is not a
-// regular file (a FIFO is never waited on). Never throws: a
-// process that exits while std::ifstream reads its files makes the read
-// fail with ESRCH, which libstdc++ throws.
-std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20);
+// other) from byte `from` on, or "" when it cannot be opened (its process
+// is gone) or is not a regular file (a FIFO is never waited on). Never
+// throws: a process that exits while std::ifstream reads its files makes
+// the read fail with ESRCH, which libstdc++ throws.
+std::string ReadProcFile(const std::string& path, size_t limit = 1 << 20,
+                         off_t from = 0);
 
 // The OOM kills the kernel has counted in this process's memory cgroup
 // (cgroup v2's memory.events, or v1's memory.oom_control), which its

@@ -4,10 +4,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/match.h"
 
@@ -39,6 +42,30 @@ TEST_CASE("A listening TCP port is seen, a closed one is not",
   CHECK(ListensOn(port));
   close(fd);
   CHECK_FALSE(ListensOn(port));
+}
+
+TEST_CASE("A file is read from an offset, and a FIFO in its place at once",
+          "[proc][unit]") {
+  const char* tmp = getenv("TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/ctrun-proc-" +
+                          std::to_string(getpid());
+  REQUIRE(mkdir(dir.c_str(), 0700) == 0);
+  const std::string file = dir + "/stacks", fifo = dir + "/fifo";
+  {
+    FILE* f = fopen(file.c_str(), "w");
+    REQUIRE(f != nullptr);
+    fputs("old dump\nnew dump\n", f);
+    fclose(f);
+  }
+  CHECK(ReadProcFile(file, 1 << 20, 9) == "new dump\n");
+  CHECK(ReadProcFile(file, 1 << 20, 100).empty());
+  CHECK(ReadProcFile(file) == "old dump\nnew dump\n");
+  // A FIFO nobody writes: never waited on.
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(ReadProcFile(fifo, 1 << 20, 9).empty());
+  unlink(file.c_str());
+  unlink(fifo.c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace
