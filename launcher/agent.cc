@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "ctrun/environment.h"
@@ -515,12 +516,14 @@ std::vector<RankReading> Agent::FinishEvidence() {
         absl::StrAppend(&text, "  | ", line, "\n");
       }
     }
-    // Where it is stuck, at a glance: its Python stack, cut short.
-    std::ifstream stack(
-        absl::StrCat(evidence_dir, "/rank", rank, ".python.txt"));
-    std::string line;
+    // Where it is stuck, at a glance: its Python stack, cut short. (The
+    // evidence folder is the workers' to write too: read without waiting.)
+    const std::string stack = ReadProcFile(
+        absl::StrCat(evidence_dir, "/rank", rank, ".python.txt"), 64 << 10);
     int shown = 0;
-    while (shown < kStackLinesShown && std::getline(stack, line)) {
+    for (absl::string_view line :
+         absl::StrSplit(absl::StripSuffix(stack, "\n"), '\n')) {
+      if (stack.empty() || shown == kStackLinesShown) break;
       if (shown++ == 0) {
         absl::StrAppend(&text, "ctrun: the Python stack of rank ", rank, ":\n");
       }
@@ -688,8 +691,10 @@ void Agent::Apply(const AgentEffect& effect) {
     policy_.OnProgressRead(board_->Read(), MonotonicNow(), absl::Now(), &more);
     Apply(std::move(more));
   } else if (auto* requeue = std::get_if<e::RequeueSlurmJob>(&effect)) {
-    err_->WriteAgentLine(
-        absl::StrCat("ctrun: ", RequeueSlurmJob(requeue->job_id), "\n"));
+    auto say = [this](std::string line) {
+      err_->WriteAgentLine(absl::StrCat("ctrun: ", line, "\n"));
+    };
+    say(RequeueSlurmJob(requeue->job_id, say));
   } else if (auto* stop = std::get_if<e::PostStop>(&effect)) {
     if (board_)
       board_->SetStop(BoardStopState(stop->state), stop->step, stop->reason);

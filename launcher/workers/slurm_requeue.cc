@@ -11,7 +11,8 @@ constexpr absl::Duration kScontrolTimeout = absl::Seconds(20);
 
 }  // namespace
 
-std::string RequeueSlurmJob(const std::string& job_id) {
+std::string RequeueSlurmJob(const std::string& job_id,
+                            const std::function<void(std::string)>& say) {
   auto job =
       RunBriefly({"scontrol", "show", "job", "-o", job_id}, kScontrolTimeout);
   if (!job.ok()) {
@@ -23,14 +24,16 @@ std::string RequeueSlurmJob(const std::string& job_id) {
                         " may not be requeued (sbatch --no-requeue, or the "
                         "cluster's JobRequeue=0): not requeued");
   }
+  // Said first: the requeue ends this job's steps, this process with them.
+  say(absl::StrCat("requeueing Slurm job ", job_id,
+                   " (scontrol requeue): its next run resumes from the "
+                   "checkpoint of this stop"));
   auto requeued = RunBriefly({"scontrol", "requeue", job_id}, kScontrolTimeout);
   if (!requeued.ok()) {
     return absl::StrCat("could not requeue Slurm job ", job_id, ": ",
                         requeued.status().message());
   }
-  return absl::StrCat("requeued Slurm job ", job_id,
-                      " (scontrol requeue): its next run resumes from the "
-                      "checkpoint of this stop");
+  return absl::StrCat("Slurm job ", job_id, " is requeued");
 }
 
 }  // namespace ctrun

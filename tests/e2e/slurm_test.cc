@@ -345,13 +345,16 @@ TEST_CASE(
   std::string state;
   const absl::Time deadline = absl::Now() + kJobTime;
   while (absl::Now() < deadline) {
-    state = cluster.Command({"/usr/bin/scontrol", "show", "job", "-o", job.id});
-    if (state.find("Restarts=1") != std::string::npos &&
-        state.find("JobState=RUNNING") == std::string::npos &&
-        state.find("JobState=COMPLETING") == std::string::npos) {
+    // sbatch --wait ending means the job ended without a requeue.
+    const bool ended = cluster.Wait(job, absl::Milliseconds(200)).has_value();
+    state =
+        cluster.TryCommand({"/usr/bin/scontrol", "show", "job", "-o", job.id})
+            .value_or(state);
+    if (ended || (state.find("Restarts=1") != std::string::npos &&
+                  state.find("JobState=RUNNING") == std::string::npos &&
+                  state.find("JobState=COMPLETING") == std::string::npos)) {
       break;
     }
-    absl::SleepFor(absl::Milliseconds(200));
   }
   const std::string output = cluster.Output(job);
   INFO(output << "\n" << state);
@@ -366,7 +369,7 @@ TEST_CASE(
   }
   CHECK(ranks.size() == 4);
   CHECK(steps.size() == 1);
-  CHECK(output.find("ctrun: requeued Slurm job " + job.id) !=
+  CHECK(output.find("ctrun: requeueing Slurm job " + job.id) !=
         std::string::npos);
 }
 

@@ -237,6 +237,11 @@ std::string SlurmCluster::Output(const Job& job) const {
   return ReadFile(job.output_path);
 }
 
+std::optional<std::string> SlurmCluster::TryCommand(
+    std::vector<std::string> argv) const {
+  return Run(std::move(argv), Env());
+}
+
 std::string SlurmCluster::Command(std::vector<std::string> argv) const {
   const std::string command = argv[0];
   auto out = Run(std::move(argv), Env());

@@ -59,6 +59,8 @@ class SlurmCluster {
   // Runs one of Slurm's commands (scancel, squeue, ...) with Env() and
   // returns its stdout; fails the current test unless it exits 0.
   std::string Command(std::vector<std::string> argv) const;
+  // The same, nullopt when it fails (a busy slurmctld may time a query out).
+  std::optional<std::string> TryCommand(std::vector<std::string> argv) const;
 
  private:
   void WaitForIdleNodes();
