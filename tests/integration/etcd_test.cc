@@ -186,8 +186,10 @@ TEST_CASE(
 TEST_CASE("Killing the etcd leader is invisible to a job and its replicas",
           "[etcd][integration]") {
   EtcdCluster etcd(3);
-  // A lease that outlasts etcd's own election.
-  Replicas replicas(etcd, 5);
+  // A lease that outlasts etcd's own election, with room for one that a
+  // loaded machine (two cores, sanitizers, other tests) draws out: a 5 s
+  // lease lapsed there once, and the replica rightly stepped down.
+  Replicas replicas(etcd, 15);
   DoneFile done;
   std::vector<std::unique_ptr<ChildProcess>> nodes;
   StartJob(replicas.endpoints, 2, done, &nodes);

@@ -45,7 +45,9 @@ Daemon::Daemon(std::vector<std::string> extra_args, const std::string& listen,
   std::vector<std::string> argv = {CtrundPath(), "--listen", listen};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   process_ = std::make_unique<ChildProcess>(argv, std::move(env));
-  auto line = process_->ReadLine(absl::Seconds(10));
+  // Generous: under sanitizers, on two loaded cores, restoring a state dir
+  // has taken more than 10 s.
+  auto line = process_->ReadLine(absl::Seconds(30));
   INFO("ctrund stderr: " << process_->Stderr());
   REQUIRE(line);
   const std::string prefix = "ctrund listening on ";
