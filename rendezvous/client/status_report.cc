@@ -174,12 +174,13 @@ void PrintJobs(const v1::ListJobsResponse& jobs, bool json,
   out << FormatJobs({jobs.jobs().begin(), jobs.jobs().end()});
   if (jobs.quarantined().empty()) return;
   out << "quarantined nodes (their health check failed; no job admits them "
-         "until then):\n";
+         "until then, or only that job when it joined with a job token):\n";
   for (const v1::QuarantinedNode& q : jobs.quarantined()) {
     out << "  " << q.hostname() << "  for another "
         << absl::FormatDuration(absl::Ceil(absl::Milliseconds(q.remaining_ms()),
                                            absl::Seconds(1)))
-        << " (job " << q.job_id() << "): " << q.reason() << "\n";
+        << " (job " << q.job_id() << (q.job_only() ? ", that job only" : "")
+        << "): " << q.reason() << "\n";
   }
 }
 

@@ -14,7 +14,9 @@ RendezvousCore::RendezvousCore(RendezvousLimits limits) : limits_(limits) {
 }
 RendezvousCore::~RendezvousCore() = default;
 
-void RendezvousCore::OnSessionOpened(SessionId session, absl::Time now) {
+void RendezvousCore::OnSessionOpened(SessionId session, absl::Time now,
+                                     Reach reach) {
+  if (reach == Reach::kOneJob) one_job_sessions_.insert(session);
   const absl::Time deadline = now + limits_.first_message_timeout;
   silent_.emplace(deadline, session);
   silent_deadline_[session] = deadline;

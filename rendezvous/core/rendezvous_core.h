@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -133,8 +134,14 @@ class RendezvousCore {
   RendezvousCore(const RendezvousCore&) = delete;
   RendezvousCore& operator=(const RendezvousCore&) = delete;
 
+  // Whom a session's credentials speak for: the whole service, or the one
+  // job of a job token (which its workers hold too).
+  enum class Reach { kService, kOneJob };
   // A session opened: its join must come within first_message_timeout.
-  void OnSessionOpened(SessionId session, absl::Time now);
+  // A kOneJob session's failed health check quarantines its host for that
+  // job only.
+  void OnSessionOpened(SessionId session, absl::Time now,
+                       Reach reach = Reach::kService);
   // A message from the agent on `session`. The first one must be a join;
   // a refused message ends the session (see rendezvous.proto for codes).
   void OnMessage(SessionId session, const v1::AgentMessage& message,
@@ -206,12 +213,13 @@ class RendezvousCore {
                 Effects* effects);
   // The health gate for a join: OK, or why it is refused (quarantining
   // a node that failed its check).
-  absl::Status CheckHealthGate(const v1::Join& join, absl::Time now,
-                               Effects* effects);
-  // Quarantines `host` for `hold` after its failed check `reason`.
-  void Quarantine(const std::string& host, const std::string& job,
-                  const std::string& reason, absl::Duration hold,
-                  absl::Time now, Effects* effects);
+  absl::Status CheckHealthGate(SessionId session, const v1::Join& join,
+                               absl::Time now, Effects* effects);
+  // Quarantines `host` for `hold` after its failed check `reason`, for
+  // every job or, when `session` speaks for one job, for `job` only.
+  void Quarantine(SessionId session, const std::string& host,
+                  const std::string& job, const std::string& reason,
+                  absl::Duration hold, absl::Time now, Effects* effects);
   void OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin, absl::Time now,
                 Effects* effects);
   void OnWorkerReport(Job& job, Node& node, const v1::WorkerReport& report,
@@ -277,14 +285,18 @@ class RendezvousCore {
   std::set<std::pair<absl::Time, SessionId>> silent_;
   absl::flat_hash_map<SessionId, absl::Time> silent_deadline_;
   absl::Time last_tick_ = absl::InfinitePast();
-  // Hosts that failed their health check, by hostname; an ended quarantine
-  // is dropped when next looked at. At most kMaxQuarantined.
+  // Sessions opened with Reach::kOneJob, until they close.
+  absl::flat_hash_set<SessionId> one_job_sessions_;
+  // Hosts that failed their health check, by hostname and the job they are
+  // refused by ("" for every job); an ended quarantine is dropped when next
+  // looked at. At most kMaxQuarantined: one-job entries make room first, so
+  // a job token can never push out a quarantine of the whole service.
   struct Quarantined {
     absl::Time until;
     std::string reason;
     std::string job;
   };
-  std::map<std::string, Quarantined> quarantined_;
+  std::map<std::pair<std::string, std::string>, Quarantined> quarantined_;
   static constexpr size_t kMaxQuarantined = 4096;
   static constexpr absl::Duration kMaxQuarantine = absl::Hours(24);
 };

@@ -34,7 +34,8 @@ void RendezvousCore::Job::SetRootCause(const std::string& node_name,
 
 void RendezvousCore::OnJoin(SessionId session, const v1::Join& join,
                             absl::Time now, Effects* effects) {
-  if (absl::Status gate = CheckHealthGate(join, now, effects); !gate.ok()) {
+  if (absl::Status gate = CheckHealthGate(session, join, now, effects);
+      !gate.ok()) {
     effects->finishes.emplace_back(session, std::move(gate));
     return;
   }
@@ -59,7 +60,8 @@ std::string HostOf(const v1::Join& join) {
 
 }  // namespace
 
-absl::Status RendezvousCore::CheckHealthGate(const v1::Join& join,
+absl::Status RendezvousCore::CheckHealthGate(SessionId session,
+                                             const v1::Join& join,
                                              absl::Time now, Effects* effects) {
   if (join.node().hostname().empty() ||
       join.node().hostname().size() > kMaxHostBytes ||
@@ -73,27 +75,32 @@ absl::Status RendezvousCore::CheckHealthGate(const v1::Join& join,
     const absl::Duration hold =
         std::clamp(absl::Milliseconds(join.quarantine_ms()),
                    absl::ZeroDuration(), kMaxQuarantine);
-    Quarantine(host, join.job_id(), reason, hold, now, effects);
+    Quarantine(session, host, join.job_id(), reason, hold, now, effects);
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", host, " failed its health check: ", reason,
         hold > absl::ZeroDuration()
             ? absl::StrCat("; quarantined for ", absl::FormatDuration(hold))
             : ""));
   }
-  auto it = quarantined_.find(host);
-  if (it == quarantined_.end()) return absl::OkStatus();
-  if (it->second.until <= now) {
-    quarantined_.erase(it);
-    return absl::OkStatus();
+  for (const std::string& scope : {std::string(), join.job_id()}) {
+    auto it = quarantined_.find({host, scope});
+    if (it == quarantined_.end()) continue;
+    if (it->second.until <= now) {
+      quarantined_.erase(it);
+      continue;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", host, " is quarantined for another ",
+                     absl::FormatDuration(
+                         absl::Ceil(it->second.until - now, absl::Seconds(1))),
+                     scope.empty() ? "" : absl::StrCat(" by job '", scope, "'"),
+                     ": its health check failed (", it->second.reason, ")"));
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("node ", host, " is quarantined for another ",
-                   absl::FormatDuration(
-                       absl::Ceil(it->second.until - now, absl::Seconds(1))),
-                   ": its health check failed (", it->second.reason, ")"));
+  return absl::OkStatus();
 }
 
-void RendezvousCore::Quarantine(const std::string& host, const std::string& job,
+void RendezvousCore::Quarantine(SessionId session, const std::string& host,
+                                const std::string& job,
                                 const std::string& reason, absl::Duration hold,
                                 absl::Time now, Effects* effects) {
   v1::Event& e = AddEvent(job, 0, "node_quarantined", effects);
@@ -102,15 +109,21 @@ void RendezvousCore::Quarantine(const std::string& host, const std::string& job,
   e.set_reason(reason);
   e.set_duration_s(absl::ToDoubleSeconds(hold));
   if (hold <= absl::ZeroDuration()) return;
-  if (!quarantined_.contains(host) && quarantined_.size() >= kMaxQuarantined) {
-    // Full: the quarantine that ends first makes room.
-    auto first = std::min_element(quarantined_.begin(), quarantined_.end(),
-                                  [](const auto& a, const auto& b) {
-                                    return a.second.until < b.second.until;
-                                  });
+  const std::pair<std::string, std::string> key(
+      host, one_job_sessions_.contains(session) ? job : std::string());
+  if (!quarantined_.contains(key) && quarantined_.size() >= kMaxQuarantined) {
+    // Full: the one-job quarantine that ends first makes room, else (none
+    // left) the quarantine that ends first.
+    auto first = std::min_element(
+        quarantined_.begin(), quarantined_.end(),
+        [](const auto& a, const auto& b) {
+          return std::make_pair(a.first.second.empty(), a.second.until) <
+                 std::make_pair(b.first.second.empty(), b.second.until);
+        });
+    if (!key.second.empty() && first->first.second.empty()) return;
     quarantined_.erase(first);
   }
-  quarantined_[host] = Quarantined{now + hold, reason, job};
+  quarantined_[key] = Quarantined{now + hold, reason, job};
 }
 
 absl::StatusOr<RendezvousCore::Job*> RendezvousCore::JobForJoin(
@@ -311,7 +324,7 @@ void RendezvousCore::OnRejoin(Job& job, Node& node, const v1::Rejoin& rejoin,
     const absl::Duration hold =
         std::clamp(absl::Milliseconds(rejoin.quarantine_ms()),
                    absl::ZeroDuration(), kMaxQuarantine);
-    Quarantine(host, job.id, reason, hold, now, effects);
+    Quarantine(node.session, host, job.id, reason, hold, now, effects);
     Evict(
         job, node.session,
         absl::FailedPreconditionError(absl::StrCat(
@@ -578,6 +591,7 @@ void RendezvousCore::BroadcastStop(Job& job, v1::StopAt stop,
 
 void RendezvousCore::OnSessionClosed(SessionId session, absl::Time now,
                                      Effects* effects) {
+  one_job_sessions_.erase(session);
   if (auto it = silent_deadline_.find(session); it != silent_deadline_.end()) {
     silent_.erase({it->second, session});
     silent_deadline_.erase(it);

@@ -78,10 +78,11 @@ absl::StatusOr<v1::JobStatus> RendezvousCore::DescribeJob(
 std::vector<v1::QuarantinedNode> RendezvousCore::ListQuarantined(
     absl::Time now) const {
   std::vector<v1::QuarantinedNode> out;
-  for (const auto& [host, q] : quarantined_) {
+  for (const auto& [key, q] : quarantined_) {
     if (q.until <= now) continue;
     v1::QuarantinedNode& n = out.emplace_back();
-    n.set_hostname(host);
+    n.set_hostname(key.first);
+    n.set_job_only(!key.second.empty());
     n.set_reason(q.reason);
     n.set_job_id(q.job);
     n.set_remaining_ms(absl::ToInt64Milliseconds(q.until - now));

@@ -557,11 +557,13 @@ std::shared_ptr<SessionReactor> Impl::NewSession(
     reactor->Refuse(reactor, access.status());
     return reactor;
   }
+  const auto reach = access->job ? RendezvousCore::Reach::kOneJob
+                                 : RendezvousCore::Reach::kService;
   reactor->set_access(*std::move(access));
   {
     absl::MutexLock lock(&mu_);
     sessions_.emplace(id, reactor);
-    core_.OnSessionOpened(id, MonotonicNow());
+    core_.OnSessionOpened(id, MonotonicNow(), reach);
     WakeTimerLocked();
   }
   reactor->Begin(reactor);

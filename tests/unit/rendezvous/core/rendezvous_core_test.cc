@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rendezvous/core/coordinated_stop.h"
 #include "rendezvous/core/failure_class.h"
@@ -2092,6 +2093,71 @@ TEST_CASE(
   CHECK(z.Ended(1)->message() ==
         "node c (10.0.0.1) failed its health check: bad");
   CHECK(z.core().ListQuarantined(z.now()).empty());
+}
+
+TEST_CASE(
+    "A job token's failed health check quarantines its host for that job "
+    "only, and can neither shorten nor crowd out a service quarantine",
+    "[rendezvous][unit]") {
+  Harness h;
+  // A session of a job token (workers hold one) says its host is sick.
+  h.core().OnSessionOpened(1, h.now(), RendezvousCore::Reach::kOneJob);
+  v1::Join sick = h.MakeJoin(1, "gpu7");
+  sick.set_unhealthy("made up");
+  sick.set_quarantine_ms(60'000);
+  h.SendJoin(1, sick);
+  REQUIRE(h.Ended(1));
+  auto quarantined = h.core().ListQuarantined(h.now());
+  REQUIRE(quarantined.size() == 1);
+  CHECK(quarantined[0].job_only());
+  // Its own job refuses the host...
+  h.SendJoin(2, h.MakeJoin(1, "gpu7"));
+  REQUIRE(h.Ended(2));
+  CHECK(h.Ended(2)->message() ==
+        "node gpu7 (10.0.0.1) is quarantined for another 1m by job 'job': its "
+        "health check failed (made up)");
+  // ...another job does not.
+  v1::Join other = h.MakeJoin(1, "gpu7");
+  other.set_job_id("other-job");
+  h.SendJoin(3, other);
+  CHECK_FALSE(h.Ended(3));
+
+  // A service quarantine of a host stays whole when a job token later
+  // quarantines the same host briefly.
+  h.SendJoin(4, [&] {
+    v1::Join j = h.MakeJoin(1, "gpu8");
+    j.set_unhealthy("ECC");
+    j.set_quarantine_ms(600'000);
+    return j;
+  }());
+  h.core().OnSessionOpened(5, h.now(), RendezvousCore::Reach::kOneJob);
+  v1::Join brief = h.MakeJoin(1, "gpu8");
+  brief.set_unhealthy("short");
+  brief.set_quarantine_ms(1);
+  h.SendJoin(5, brief);
+  h.Advance(absl::Seconds(1));
+  v1::Join again = h.MakeJoin(1, "gpu8");
+  again.set_job_id("third-job");
+  h.SendJoin(6, again);
+  REQUIRE(h.Ended(6));
+  CHECK(absl::StrContains(h.Ended(6)->message(), "(ECC)"));
+
+  // A job token filling the table with made-up hosts pushes out its own
+  // entries, never the service's.
+  for (SessionId s = 100; s < 100 + 5000; ++s) {
+    h.core().OnSessionOpened(s, h.now(), RendezvousCore::Reach::kOneJob);
+    v1::Join j = h.MakeJoin(s, absl::StrCat("fake", s));
+    j.set_unhealthy("x");
+    j.set_quarantine_ms(60'000);
+    h.SendJoin(s, j);
+  }
+  quarantined = h.core().ListQuarantined(h.now());
+  CHECK(quarantined.size() <= 4096);
+  CHECK(std::count_if(quarantined.begin(), quarantined.end(),
+                      [](const v1::QuarantinedNode& q) {
+                        return !q.job_only() &&
+                               absl::StartsWith(q.hostname(), "gpu8");
+                      }) == 1);
 }
 
 }  // namespace
