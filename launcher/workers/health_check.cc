@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "launcher/workers/agent_board.h"
 #include "launcher/workers/run_briefly.h"
 
 namespace ctrun {
@@ -20,6 +21,19 @@ namespace {
 // The shell says the command's exit status on its last line: the agent's
 // loop reaps every child, and may take the shell's status first.
 constexpr char kStatusMark[] = "ctrun-health-status=";
+
+// The check's own line travels in the join (a protobuf string: UTF-8) and
+// is printed on every node's console: at most this many bytes of it, as
+// valid UTF-8 without control characters.
+constexpr size_t kMaxLineBytes = 1024;
+
+std::string Presentable(absl::string_view line) {
+  std::string out = SanitizeUtf8(line.substr(0, kMaxLineBytes));
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -51,7 +65,7 @@ std::string RunHealthCommand(const std::string& command, absl::Duration timeout,
                       status < 0 ? std::string("ended without an exit status")
                                  : absl::StrCat("exited ", status),
                       lines.empty() ? "" : ": ",
-                      lines.empty() ? "" : lines.back());
+                      lines.empty() ? "" : Presentable(lines.back()));
 }
 
 HealthCheck::HealthCheck(std::string command, std::function<std::string()> gpus,

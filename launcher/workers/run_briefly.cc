@@ -82,12 +82,14 @@ absl::StatusOr<std::string> RunBriefly(const std::vector<std::string>& argv,
     const ssize_t n = read(fds[0], buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // EOF: the command closed its output
-    if (output.size() < kMaxOutput) {
-      output.append(
-          buffer, std::min(static_cast<size_t>(n), kMaxOutput - output.size()));
-    }
+    // The end is what matters (a health check's last line and status):
+    // the first bytes give way.
+    output.append(buffer, static_cast<size_t>(n));
+    if (output.size() > 2 * kMaxOutput)
+      output.erase(0, output.size() - kMaxOutput);
   }
   close(fds[0]);
+  if (output.size() > kMaxOutput) output.erase(0, output.size() - kMaxOutput);
   if (timed_out) kill(-child, SIGKILL);
   int status = 0;
   pid_t waited;

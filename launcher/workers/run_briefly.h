@@ -16,7 +16,7 @@ namespace ctrun {
 
 // Runs `argv` (argv[0] a path, or a name looked up in PATH) with stdin from
 // /dev/null, in a process group of its own, for at most `timeout`: its
-// stdout and stderr together (at most 64 KiB kept). INTERNAL naming the
+// stdout and stderr together (its last 64 KiB). INTERNAL naming the
 // command when it cannot start, exits non-zero (with its output), or runs
 // longer (its process group is killed). `running`, when given, holds the
 // command's pid (its process group) while it runs, for another thread to

@@ -54,6 +54,26 @@ TEST_CASE("A health command passes on exit 0 and fails naming its last line",
         "`read line` exited 1");
 }
 
+TEST_CASE(
+    "A health command's line is cut to 1 KiB of valid UTF-8 without "
+    "control characters, and a long output keeps its status",
+    "[health][unit]") {
+  // Invalid UTF-8 and an escape sequence, then a line far over the cap:
+  // the join carries the line as a protobuf string, which must be UTF-8.
+  const std::string bad = RunHealthCommand(
+      "printf 'a\\377b\\033[2Jc\\n'; exit 1", absl::Seconds(10));
+  CHECK(absl::EndsWith(bad, " exited 1: a?b [2Jc"));
+  const std::string long_line = RunHealthCommand(
+      "head -c 100000 /dev/zero | tr '\\0' x; exit 2", absl::Seconds(10));
+  CHECK(absl::StrContains(long_line, " exited 2: xxx"));
+  CHECK(long_line.size() < 1024 + 100);
+  // A check that passes after saying more than the kept output still
+  // passes: its status is at the end.
+  CHECK(RunHealthCommand("head -c 100000 /dev/zero | tr '\\0' y; true",
+                         absl::Seconds(10))
+            .empty());
+}
+
 TEST_CASE("A health check under way ends with its owner, its command killed",
           "[health][unit]") {
   std::atomic<bool> called{false};
