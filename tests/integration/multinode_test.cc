@@ -910,7 +910,7 @@ TEST_CASE(
         "--rdzv_endpoint=" + daemon.endpoint(), "--rdzv_id=hang-pair",
         "--max_restarts=1", "--hang_timeout=2", "--hang_evidence_timeout=20",
         "--log_dir", absl::StrCat(logs, "/node", n), WorkerProbePath(), "steps",
-        "150", "3"}));
+        "60", "3"}));
   }
   std::string out, err;
   for (auto& node : nodes) out += node->ReadAll(kWait);

@@ -181,7 +181,10 @@ int ResilientNccl(int steps) {
 
 int Steps(const ctrun::WorkerIdentity& id, int steps, int hang_rank) {
   EXPECT(ctrun::ProgressReported());
-  for (int step = 0; step < steps; ++step) {
+  // The first attempt, where `hang_rank` hangs, runs until the hang's
+  // restart ends it: a rank that finished first would leave no evidence,
+  // however slow the machine.
+  for (int step = 0; step < steps || id.restart_count == 0; ++step) {
     ctrun::Heartbeat();
     ctrun::Section s("step");
     if (id.rank == hang_rank && id.restart_count == 0 && step == 10) {
