@@ -9,241 +9,281 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstring>
-#include <exception>
-#include <iterator>
 #include <map>
-#include <sstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "prometheus/collectable.h"
-#include "prometheus/counter.h"
-#include "prometheus/family.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
-#include "prometheus/metric_family.h"
-#include "prometheus/registry.h"
-#include "prometheus/text_serializer.h"
 #include "rendezvous/core/failure_class.h"
 
 namespace ctrun {
 
 namespace {
 
-using prometheus::BuildCounter;
-using prometheus::BuildHistogram;
-using prometheus::Histogram;
-
 // From a millisecond to five minutes: a store wait can last that long.
-Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-          0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300};
+const std::vector<double>& LatencyBuckets() {
+  static const auto* buckets = new std::vector<double>{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+      0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300};
+  return *buckets;
 }
 
 // A round closes in milliseconds (every node came back) or after its last
 // call, or after minutes of waiting for nodes.
-Histogram::BucketBoundaries RoundBuckets() {
-  return {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900};
+const std::vector<double>& RoundBuckets() {
+  static const auto* buckets = new std::vector<double>{
+      0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900};
+  return *buckets;
 }
 
 std::string CodeName(absl::StatusCode code) {
   return absl::AsciiStrToLower(absl::StatusCodeToString(code));
 }
 
-}  // namespace
+// The shortest text that reads back as `value`, as the exposition format
+// writes numbers ("1", "0.25", "+Inf").
+std::string Number(double value) {
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(value)) return "NaN";
+  // Plain decimals ("0.0005", not "5e-04") where they stay short.
+  const double size = std::fabs(value);
+  const auto format = size == 0 || (size >= 1e-6 && size < 1e15)
+                          ? std::chars_format::fixed
+                          : std::chars_format::general;
+  char buffer[64];
+  const auto end =
+      std::to_chars(buffer, buffer + sizeof buffer, value, format).ptr;
+  return std::string(buffer, end);
+}
 
-struct RendezvousMetrics::Families {
-  explicit Families(prometheus::Registry& r)
-      : rounds(BuildCounter()
-                   .Name("ctrund_rounds_total")
-                   .Help("Rounds opened, by why: first (a new job), "
-                         "worker_failed, worker_hung, node_lost, scale_up")
-                   .Register(r)),
-        restarts(BuildCounter()
-                     .Name("ctrund_restarts_total")
-                     .Help("Restarts of a job's workers (rounds after the "
-                           "first), by why")
-                     .Register(r)),
-        events(BuildCounter()
-                   .Name("ctrund_events_total")
-                   .Help("Events of the event log (docs/events.md), by name")
-                   .Register(r)),
-        failures(BuildCounter()
-                     .Name("ctrund_worker_failures_total")
-                     .Help("Worker failures reported (the first of each "
-                           "round's node), by class: user_error, oom, "
-                           "hardware, network, hang, signal, other")
-                     .Register(r)),
-        jobs_ended(BuildCounter()
-                       .Name("ctrund_jobs_ended_total")
-                       .Help("Jobs that finished or failed, by outcome")
-                       .Register(r)),
-        round_seconds(
-            BuildHistogram()
-                .Name("ctrund_round_close_seconds")
-                .Help("From a round's opening (a job's first join) to its "
-                      "assignment")
-                .Register(r)
-                .Add({}, RoundBuckets())),
-        store_ops(BuildHistogram()
-                      .Name("ctrund_store_operation_seconds")
-                      .Help("Store requests by kind, from arrival to answer "
-                            "(waits included)")
-                      .Register(r)),
-        store_errors(BuildCounter()
-                         .Name("ctrund_store_errors_total")
-                         .Help("Store requests answered with an error, by "
-                               "kind and code")
-                         .Register(r)),
-        log_writes(BuildHistogram()
-                       .Name("ctrund_state_write_seconds")
-                       .Help("Commits of the saved state (journal fsync or "
-                             "etcd txn)")
-                       .Register(r)
-                       .Add({}, LatencyBuckets())),
-        kept(BuildCounter()
-                 .Name("ctrund_workers_kept_total")
-                 .Help("Workers that kept their processes into a new round "
-                       "(--recovery=inprocess)")
-                 .Register(r)
-                 .Add({})),
-        recovery_seconds(
-            BuildHistogram()
-                .Name("ctrund_inprocess_recovery_seconds")
-                .Help("In-process rounds, per node: from the failure to "
-                      "every worker's process group formed again")
-                .Register(r)
-                .Add({}, RoundBuckets())),
-        promotions(BuildCounter()
-                       .Name("ctrund_spares_promoted_total")
-                       .Help("Spares (--spares) given a lost node's slot")
-                       .Register(r)
-                       .Add({})),
-        refusals(BuildCounter()
-                     .Name("ctrund_refusals_total")
-                     .Help("Sessions, store requests and admin calls "
-                           "refused, by rpc and code")
-                     .Register(r)) {}
+// A label value in the exposition format: backslash, quote and newline
+// escaped. Help texts escape backslash and newline only.
+std::string Escaped(absl::string_view text, bool quote) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && quote) {
+      out += "\\\"";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
-  prometheus::Family<prometheus::Counter>& rounds;
-  prometheus::Family<prometheus::Counter>& restarts;
-  prometheus::Family<prometheus::Counter>& events;
-  prometheus::Family<prometheus::Counter>& failures;
-  prometheus::Family<prometheus::Counter>& jobs_ended;
-  prometheus::Histogram& round_seconds;
-  prometheus::Family<prometheus::Histogram>& store_ops;
-  prometheus::Family<prometheus::Counter>& store_errors;
-  prometheus::Histogram& log_writes;
-  prometheus::Counter& kept;
-  prometheus::Counter& promotions;
-  prometheus::Histogram& recovery_seconds;
-  prometheus::Family<prometheus::Counter>& refusals;
-};
+using Labels = std::vector<std::pair<std::string, std::string>>;
 
-// The gauges, computed from the service at each scrape.
-class RendezvousMetrics::HoldingCollector : public prometheus::Collectable {
+std::string LabelText(const Labels& labels, absl::string_view extra_name = {},
+                      absl::string_view extra_value = {}) {
+  std::string out;
+  auto add = [&out](absl::string_view name, absl::string_view value) {
+    absl::StrAppend(&out, out.empty() ? "{" : ",", name, "=\"",
+                    Escaped(value, true), "\"");
+  };
+  for (const auto& [name, value] : labels) add(name, value);
+  if (!extra_name.empty()) add(extra_name, extra_value);
+  if (!out.empty()) out += "}";
+  return out;
+}
+
+// One metric family (a name, its help and type) and its series by label
+// set. Not thread-safe: RendezvousMetrics locks around it.
+class Family {
  public:
-  void Set(std::function<Holding()> holding) {
-    absl::MutexLock lock(&mu_);
-    holding_ = std::move(holding);
+  enum class Type { kCounter, kHistogram };
+  Family(std::string name, std::string help, Type type,
+         const std::vector<double>* buckets = nullptr)
+      : name_(std::move(name)),
+        help_(std::move(help)),
+        type_(type),
+        buckets_(buckets) {}
+
+  // A counter's series is shown from its creation, at zero.
+  void Create(const Labels& labels) { series_.try_emplace(labels, Series()); }
+  void Increment(const Labels& labels, double by = 1) {
+    series_[labels].sum += by;
+  }
+  void Observe(const Labels& labels, double value) {
+    Series& s = series_[labels];
+    if (s.counts.empty()) s.counts.assign(buckets_->size(), 0);
+    // Each bucket counts what is at most its bound; the exposition sums
+    // them (buckets are cumulative there).
+    const auto at = std::lower_bound(buckets_->begin(), buckets_->end(), value);
+    if (at != buckets_->end()) ++s.counts[at - buckets_->begin()];
+    s.sum += value;
+    ++s.count;
   }
 
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    Holding now;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!holding_) return {};
-      now = holding_();
-    }
-    auto family = [](std::string name, std::string help,
-                     const std::string& label,
-                     const std::map<std::string, int>& values) {
-      prometheus::MetricFamily f{
-          std::move(name), std::move(help), prometheus::MetricType::Gauge, {}};
-      for (const auto& [value, count] : values) {
-        prometheus::ClientMetric m;
-        m.label.push_back({label, value});
-        m.gauge.value = count;
-        f.metric.push_back(std::move(m));
+  void Render(std::string& out) const {
+    absl::StrAppend(&out, "# HELP ", name_, " ", Escaped(help_, false), "\n",
+                    "# TYPE ", name_, " ",
+                    type_ == Type::kCounter ? "counter" : "histogram", "\n");
+    for (const auto& [labels, s] : series_) {
+      if (type_ == Type::kCounter) {
+        absl::StrAppend(&out, name_, LabelText(labels), " ", Number(s.sum),
+                        "\n");
+        continue;
       }
-      return f;
-    };
-    std::vector<prometheus::MetricFamily> out;
-    out.push_back(
-        family("ctrund_jobs", "Jobs held, by phase", "phase", now.jobs));
-    out.push_back(family("ctrund_nodes", "Nodes of the jobs held, by state",
-                         "state", now.nodes));
-    out.push_back(family("ctrund_sessions",
-                         "Agent sessions: in a job, restored nodes still "
-                         "resuming, open but not in a job",
-                         "state", now.sessions));
-    prometheus::MetricFamily bytes{"ctrund_store_bytes",
-                                   "Keys plus values in the stores of all jobs",
-                                   prometheus::MetricType::Gauge,
-                                   {}};
-    bytes.metric.emplace_back().gauge.value = now.store_bytes;
-    out.push_back(std::move(bytes));
-    return out;
+      uint64_t below = 0;
+      for (size_t b = 0; b < buckets_->size(); ++b) {
+        below += s.counts.empty() ? 0 : s.counts[b];
+        absl::StrAppend(&out, name_, "_bucket",
+                        LabelText(labels, "le", Number((*buckets_)[b])), " ",
+                        below, "\n");
+      }
+      absl::StrAppend(&out, name_, "_bucket", LabelText(labels, "le", "+Inf"),
+                      " ", s.count, "\n", name_, "_sum", LabelText(labels), " ",
+                      Number(s.sum), "\n", name_, "_count", LabelText(labels),
+                      " ", s.count, "\n");
+    }
   }
 
  private:
-  mutable absl::Mutex mu_;
-  std::function<Holding()> holding_ ABSL_GUARDED_BY(mu_);
+  struct Series {
+    double sum = 0;                // a counter's value; a histogram's sum
+    uint64_t count = 0;            // a histogram's observations
+    std::vector<uint64_t> counts;  // per bucket, not cumulative
+  };
+  const std::string name_, help_;
+  const Type type_;
+  const std::vector<double>* const buckets_;
+  std::map<Labels, Series> series_;
+};
+
+void RenderGauges(absl::string_view name, absl::string_view help,
+                  const std::string& label,
+                  const std::map<std::string, int>& values, std::string& out) {
+  absl::StrAppend(&out, "# HELP ", name, " ", Escaped(help, false), "\n",
+                  "# TYPE ", name, " gauge\n");
+  for (const auto& [value, count] : values) {
+    absl::StrAppend(&out, name, LabelText({{label, value}}), " ", count, "\n");
+  }
+}
+
+}  // namespace
+
+struct RendezvousMetrics::Families {
+  using Type = Family::Type;
+  Family rounds{"ctrund_rounds_total",
+                "Rounds opened, by why: first (a new job), worker_failed, "
+                "worker_hung, node_lost, scale_up",
+                Type::kCounter};
+  Family restarts{"ctrund_restarts_total",
+                  "Restarts of a job's workers (rounds after the first), by "
+                  "why",
+                  Type::kCounter};
+  Family events{"ctrund_events_total",
+                "Events of the event log (docs/events.md), by name",
+                Type::kCounter};
+  Family failures{"ctrund_worker_failures_total",
+                  "Worker failures reported (the first of each round's "
+                  "node), by class: user_error, oom, hardware, network, "
+                  "hang, signal, other",
+                  Type::kCounter};
+  Family jobs_ended{"ctrund_jobs_ended_total",
+                    "Jobs that finished or failed, by outcome", Type::kCounter};
+  Family round_seconds{"ctrund_round_close_seconds",
+                       "From a round's opening (a job's first join) to its "
+                       "assignment",
+                       Type::kHistogram, &RoundBuckets()};
+  Family store_ops{"ctrund_store_operation_seconds",
+                   "Store requests by kind, from arrival to answer (waits "
+                   "included)",
+                   Type::kHistogram, &LatencyBuckets()};
+  Family store_errors{"ctrund_store_errors_total",
+                      "Store requests answered with an error, by kind and "
+                      "code",
+                      Type::kCounter};
+  Family log_writes{"ctrund_state_write_seconds",
+                    "Commits of the saved state (journal fsync or etcd txn)",
+                    Type::kHistogram, &LatencyBuckets()};
+  Family kept{"ctrund_workers_kept_total",
+              "Workers that kept their processes into a new round "
+              "(--recovery=inprocess)",
+              Type::kCounter};
+  Family recovery_seconds{"ctrund_inprocess_recovery_seconds",
+                          "In-process rounds, per node: from the failure to "
+                          "every worker's process group formed again",
+                          Type::kHistogram, &RoundBuckets()};
+  Family promotions{"ctrund_spares_promoted_total",
+                    "Spares (--spares) given a lost node's slot",
+                    Type::kCounter};
+  Family refusals{"ctrund_refusals_total",
+                  "Sessions, store requests and admin calls refused, by rpc "
+                  "and code",
+                  Type::kCounter};
+
+  // In the order they are shown.
+  const Family* all[13] = {
+      &rounds,           &restarts,   &events,       &failures,   &jobs_ended,
+      &round_seconds,    &store_ops,  &store_errors, &log_writes, &kept,
+      &recovery_seconds, &promotions, &refusals};
 };
 
 RendezvousMetrics::RendezvousMetrics()
-    : registry_(std::make_shared<prometheus::Registry>()),
-      families_(std::make_unique<Families>(*registry_)),
-      holding_(std::make_shared<HoldingCollector>()) {
+    : families_(std::make_unique<Families>()) {
   // Every reason present from the start: a rate over a counter that
   // appears with its first increment misses that increment.
   for (const char* reason :
        {"first", "worker_failed", "worker_hung", "node_lost", "scale_up"}) {
-    families_->rounds.Add({{"reason", reason}});
+    families_->rounds.Create({{"reason", reason}});
     if (std::string_view(reason) != "first") {
-      families_->restarts.Add({{"reason", reason}});
+      families_->restarts.Create({{"reason", reason}});
     }
   }
   for (const char* outcome : {"finished", "failed"}) {
-    families_->jobs_ended.Add({{"outcome", outcome}});
+    families_->jobs_ended.Create({{"outcome", outcome}});
   }
   for (int c = v1::FailureClass_MIN + 1; c <= v1::FailureClass_MAX; ++c) {
-    families_->failures.Add(
+    families_->failures.Create(
         {{"class", FailureClassName(static_cast<v1::FailureClass>(c))}});
   }
+  families_->round_seconds.Create({});
+  families_->log_writes.Create({});
+  families_->kept.Create({});
+  families_->recovery_seconds.Create({});
+  families_->promotions.Create({});
 }
 
 RendezvousMetrics::~RendezvousMetrics() = default;
 
 void RendezvousMetrics::Count(const v1::Event& event) {
-  families_->events.Add({{"event", event.event()}}).Increment();
+  absl::MutexLock lock(&mu_);
+  families_->events.Increment({{"event", event.event()}});
   if (event.event() == "round_opened") {
-    families_->rounds.Add({{"reason", event.reason()}}).Increment();
+    families_->rounds.Increment({{"reason", event.reason()}});
     if (event.reason() != "first") {
-      families_->restarts.Add({{"reason", event.reason()}}).Increment();
+      families_->restarts.Increment({{"reason", event.reason()}});
     }
   } else if (event.event() == "worker_failed" ||
              event.event() == "worker_hung") {
     if (event.has_failure_class()) {
-      families_->failures.Add({{"class", event.failure_class()}}).Increment();
+      families_->failures.Increment({{"class", event.failure_class()}});
     }
   } else if (event.event() == "round_closed") {
-    families_->round_seconds.Observe(event.duration_s());
+    families_->round_seconds.Observe({}, event.duration_s());
   } else if (event.event() == "workers_recovered") {
-    families_->kept.Increment(event.kept());
-    families_->recovery_seconds.Observe(event.duration_s());
+    families_->kept.Increment({}, event.kept());
+    families_->recovery_seconds.Observe({}, event.duration_s());
   } else if (event.event() == "spare_promoted") {
-    families_->promotions.Increment();
+    families_->promotions.Increment({});
   } else if (event.event() == "job_finished") {
-    families_->jobs_ended.Add({{"outcome", "finished"}}).Increment();
+    families_->jobs_ended.Increment({{"outcome", "finished"}});
   } else if (event.event() == "job_failed") {
-    families_->jobs_ended.Add({{"outcome", "failed"}}).Increment();
+    families_->jobs_ended.Increment({{"outcome", "failed"}});
   }
 }
 
@@ -251,43 +291,60 @@ void RendezvousMetrics::StoreOperation(std::string_view kind,
                                        absl::Duration latency,
                                        absl::StatusCode code) {
   const std::string k(kind);
-  families_->store_ops.Add({{"kind", k}}, LatencyBuckets())
-      .Observe(absl::ToDoubleSeconds(latency));
+  absl::MutexLock lock(&mu_);
+  families_->store_ops.Observe({{"kind", k}}, absl::ToDoubleSeconds(latency));
   if (code != absl::StatusCode::kOk) {
-    families_->store_errors.Add({{"kind", k}, {"code", CodeName(code)}})
-        .Increment();
+    families_->store_errors.Increment({{"kind", k}, {"code", CodeName(code)}});
   }
 }
 
 void RendezvousMetrics::LogWrite(absl::Duration latency) {
-  families_->log_writes.Observe(absl::ToDoubleSeconds(latency));
+  absl::MutexLock lock(&mu_);
+  families_->log_writes.Observe({}, absl::ToDoubleSeconds(latency));
 }
 
 void RendezvousMetrics::Refusal(std::string_view rpc, absl::StatusCode code) {
-  families_->refusals.Add({{"rpc", std::string(rpc)}, {"code", CodeName(code)}})
-      .Increment();
+  absl::MutexLock lock(&mu_);
+  families_->refusals.Increment(
+      {{"rpc", std::string(rpc)}, {"code", CodeName(code)}});
 }
 
 void RendezvousMetrics::SetHolding(std::function<Holding()> holding) {
-  holding_->Set(std::move(holding));
+  absl::MutexLock lock(&holding_mu_);
+  holding_ = std::move(holding);
 }
 
-std::vector<std::weak_ptr<prometheus::Collectable>>
-RendezvousMetrics::Collectables() const {
-  return {registry_, holding_};
+std::string RendezvousMetrics::Render() const {
+  std::string out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Family* family : families_->all) family->Render(out);
+  }
+  // The gauges, computed from the service now (outside mu_: the service
+  // holds its own lock while it counts).
+  Holding now;
+  {
+    absl::MutexLock lock(&holding_mu_);
+    if (!holding_) return out;
+    now = holding_();
+  }
+  RenderGauges("ctrund_jobs", "Jobs held, by phase", "phase", now.jobs, out);
+  RenderGauges("ctrund_nodes", "Nodes of the jobs held, by state", "state",
+               now.nodes, out);
+  RenderGauges("ctrund_sessions",
+               "Agent sessions: in a job, restored nodes still resuming, open "
+               "but not in a job",
+               "state", now.sessions, out);
+  absl::StrAppend(&out,
+                  "# HELP ctrund_store_bytes Keys plus values in the stores "
+                  "of all jobs\n# TYPE ctrund_store_bytes gauge\n"
+                  "ctrund_store_bytes ",
+                  Number(now.store_bytes), "\n");
+  return out;
 }
 
 std::string RenderMetrics(const RendezvousMetrics& metrics) {
-  std::vector<prometheus::MetricFamily> families;
-  for (const auto& weak : metrics.Collectables()) {
-    if (auto c = weak.lock()) {
-      std::vector<prometheus::MetricFamily> more = c->Collect();
-      std::move(more.begin(), more.end(), std::back_inserter(families));
-    }
-  }
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, families);
-  return out.str();
+  return metrics.Render();
 }
 
 class MetricsEndpoint::Server {

@@ -1,6 +1,7 @@
 // RendezvousMetrics: ServiceMetrics (service_metrics.h) for Prometheus
 // (ctrund --metrics-listen, and ctrun's --metrics_listen when it hosts the
-// rendezvous).
+// rendezvous), written in Prometheus' text format by ctrun itself: no
+// client library is loaded by a launcher that never serves metrics.
 //
 // Counters and histograms are fed by the service as things happen: the
 // core's events (rendezvous_core.h, Effects::events), store operations as
@@ -19,17 +20,14 @@
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ctrun/v1/event.pb.h"
 #include "rendezvous/ops/service_metrics.h"
 #include "rendezvous/rpc/endpoint.h"
-
-namespace prometheus {
-class Collectable;
-class Registry;
-}  // namespace prometheus
 
 namespace ctrun {
 
@@ -48,15 +46,15 @@ class RendezvousMetrics final : public ServiceMetrics {
   // The gauges are read at each scrape.
   void SetHolding(std::function<Holding()> holding) override;
 
-  // What an exposer serves.
-  std::vector<std::weak_ptr<prometheus::Collectable>> Collectables() const;
+  // Every metric in Prometheus' text exposition format (version 0.0.4).
+  std::string Render() const;
 
  private:
   struct Families;
-  class HoldingCollector;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<Families> families_;
-  std::shared_ptr<HoldingCollector> holding_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Families> families_ ABSL_PT_GUARDED_BY(mu_);
+  mutable absl::Mutex holding_mu_;
+  std::function<Holding()> holding_ ABSL_GUARDED_BY(holding_mu_);
 };
 
 // An HTTP endpoint serving /metrics in Prometheus' text format.
