@@ -21,9 +21,9 @@ PACKAGES=(
   etcd-server
   # The Slurm end-to-end tests run a private Slurm with munge.
   slurmctld slurmd slurm-client munge libmunge-dev
-  # Metrics (prometheus-cpp's pull exposer) and the real Prometheus that
-  # scrapes them in the tests; man pages from --help; the Debian package.
-  prometheus-cpp-dev prometheus help2man dpkg-dev fakeroot jq
+  # The real Prometheus that scrapes ctrund's metrics in the tests; man
+  # pages from --help; the Debian package.
+  prometheus help2man dpkg-dev fakeroot jq
 )
 case "${1:-}" in
   # torchrun's etcd-v2 rendezvous, the peer of ctrund on etcd.
