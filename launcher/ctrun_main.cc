@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ctrun/environment.h"
+#include "ctrun_version.h"
 #include "launcher/agent.h"
 #include "launcher/options/command_line.h"
 #include "launcher/options/host_facts.h"

@@ -22,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "ctrun_version.h"
 #include "rendezvous/client/client.h"
 #include "rendezvous/client/status_report.h"
 #include "rendezvous/core/job_settings.h"
@@ -703,7 +704,7 @@ int main(int argc, char** argv) {
       "ctrund: the ctrun rendezvous daemon. Agents (ctrun "
       "--rdzv_endpoint=HOST:PORT) meet here to get their ranks; workers use "
       "its key-value store."};
-  app.set_version_flag("--version", "ctrund 0.1.0");
+  app.set_version_flag("--version", absl::StrCat("ctrund ", kCtrunVersion));
   DaemonFlags daemon;
   AddDaemonFlags(app, daemon);
   StatusFlags status;

@@ -57,8 +57,6 @@ std::string HelpText();
 // The text of `ctrun status --help`.
 std::string StatusHelpText();
 
-inline constexpr char kCtrunVersion[] = "0.1.0";
-
 }  // namespace ctrun
 
 #endif  // CTRUN_LAUNCHER_OPTIONS_COMMAND_LINE_H_
