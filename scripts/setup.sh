@@ -12,6 +12,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libcli11-dev catch2 libgloo-dev libssl-dev
   python3 python3-torch procps openssl
+  # The wheel's test: a fresh virtualenv with pip; a program linking zlib
+  # for the binary check's own test.
+  python3-venv python3-pip zlib1g-dev
   # Native stacks of hung workers (launcher/workers/evidence.h); strace for
   # the test that ctrun reads no other process's /proc entries.
   gdb strace

@@ -22,6 +22,10 @@ lock, nothing that can block. Outside ctrun, in processes forked from the
 worker (DataLoader workers) and in its Python children (multiprocessing's
 spawn, a subprocess), every function does nothing.
 
+Installed from the wheel (pip install ctrun), the same module is importable
+outside ctrun too, `python -m ctrun ...` runs ctrun, and
+cmake_prefix_path() finds libctrun_worker for C++ trainers.
+
 Under ctrun, importing the module also registers faulthandler on a spare
 real-time signal, so that the agent can take every thread's Python stack
 from a hung worker before it is stopped.
@@ -46,6 +50,7 @@ __all__ = [
     "round",
     "RoundChanged",
     "wait_for_slot",
+    "cmake_prefix_path",
 ]
 
 _MAGIC = b"CTRUNPB2"
@@ -357,3 +362,23 @@ def wait_for_slot():
     os.environ["CTRUN_SPARE"] = "0"
     _mark_round(0, world["CTRUN_ROUND"])
 
+
+def cmake_prefix_path():
+    """Where find_package(ctrun) finds libctrun_worker, its headers and its
+    CMake package, installed with this module by the wheel:
+
+        cmake -DCMAKE_PREFIX_PATH="$(python -c 'import ctrun;
+            print(ctrun.cmake_prefix_path())')" ...
+
+    FileNotFoundError where this copy of the module came without them (the
+    copy ctrun gives its workers)."""
+    import glob
+
+    prefix = os.path.dirname(os.path.abspath(__file__))
+    if not glob.glob(os.path.join(prefix, "lib*", "**", "ctrunConfig.cmake"), recursive=True):
+        raise FileNotFoundError(
+            "no CMake package of ctrun beside this module (%s): install the "
+            "wheel (pip install ctrun), or point CMAKE_PREFIX_PATH at the "
+            "prefix ctrun was installed to" % prefix
+        )
+    return prefix

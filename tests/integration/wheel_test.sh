@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The wheel as a user gets it: packed from BUILD_DIR (scripts/build-wheel.sh
+# --no-build), installed with `pip install --no-index` into a fresh
+# virtualenv, and used from a PATH without the build tree: a 2-rank PyTorch
+# (Gloo) job whose workers import ctrun, ctrund serving a 2-node job, and a
+# C++ program built with find_package(ctrun) through ctrun.cmake_prefix_path()
+# and run under the installed ctrun.
+#
+#   wheel_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build_dir=$(cd "$1" && pwd)
+source_dir=$(cd "$2" && pwd)
+work=$(mktemp -d)
+daemon_pid=""
+cleanup() {
+  if [ -n "$daemon_pid" ]; then
+    kill "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "wheel test: $*" >&2
+  exit 1
+}
+
+(cd "$source_dir" && CTRUN_BUILD_DIR=$build_dir scripts/build-wheel.sh \
+  --no-build --out "$work/dist") || fail "the wheel was not built"
+wheels=("$work"/dist/*.whl)
+[ ${#wheels[@]} = 1 ] || fail "expected one wheel, got: ${wheels[*]}"
+wheel=${wheels[0]}
+echo "wheel: $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
+version=$("$build_dir/launcher/ctrun" --version | awk '{print $2}')
+[[ $(basename "$wheel") == ctrun-$version-py3-none-manylinux_2_*.whl ]] ||
+  fail "the wheel's name does not carry version $version and a glibc tag"
+
+# A fresh environment; torch comes from the system (Debian's python3-torch).
+python3 -m venv --system-site-packages "$work/venv"
+"$work/venv/bin/pip" install --quiet --no-index "$wheel" ||
+  fail "pip install --no-index refused the wheel"
+venv=$work/venv
+export PATH=$venv/bin:/usr/bin:/bin
+unset PYTHONPATH
+cd "$work"
+[ "$(command -v ctrun)" = "$venv/bin/ctrun" ] || fail "ctrun is not the wheel's"
+[ "$(command -v ctrund)" = "$venv/bin/ctrund" ] || fail "ctrund is not the wheel's"
+[ "$(ctrun --version)" = "ctrun $version" ] || fail "ctrun --version: $(ctrun --version)"
+[ "$(python -m ctrun --version)" = "ctrun $version" ] ||
+  fail "python -m ctrun --version: $(python -m ctrun --version 2>&1)"
+[ "$(ctrund --version)" = "ctrund $version" ] || fail "ctrund --version"
+# The module outside ctrun: importable from the environment, inert.
+module=$(python -c 'import ctrun; ctrun.heartbeat(); print(ctrun.__file__)')
+[[ $module == $venv/lib/python3*/site-packages/ctrun/__init__.py ]] ||
+  fail "import ctrun found $module"
+
+# A 2-rank PyTorch job on Gloo whose workers import ctrun.
+cat >"$work/train.py" <<'PY'
+import ctrun
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([dist.get_rank() + 1.0])
+for step in range(3):
+    ctrun.heartbeat()
+dist.all_reduce(t)
+print("wheel rank %d of %d sum %d" % (dist.get_rank(), dist.get_world_size(), t.item()))
+dist.destroy_process_group()
+PY
+out=$(timeout 180 ctrun --standalone --nproc_per_node=2 \
+  --log_line_prefix_template= train.py 2>&1) || fail "the PyTorch job: $out"
+[ "$(grep -c 'wheel rank [01] of 2 sum 3' <<<"$out")" = 2 ] ||
+  fail "the PyTorch job's output: $out"
+
+# ctrund serving a 2-node job.
+ctrund --listen=127.0.0.1:0 >"$work/ctrund.out" 2>"$work/ctrund.err" &
+daemon_pid=$!
+for _ in $(seq 100); do
+  grep -q 'listening on' "$work/ctrund.out" && break
+  kill -0 "$daemon_pid" 2>/dev/null || fail "ctrund exited: $(cat "$work/ctrund.err")"
+  sleep 0.1
+done
+endpoint=$(sed -n 's/^ctrund listening on //p' "$work/ctrund.out")
+[ -n "$endpoint" ] || fail "ctrund did not start: $(cat "$work/ctrund.err")"
+for node in 0 1; do
+  timeout 120 ctrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d \
+    --rdzv_endpoint="$endpoint" --rdzv_id=wheel \
+    --local_addr=127.0.0.$((node + 2)) --log_line_prefix_template= \
+    python -c 'import ctrun, os; print("wheel node rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"])' \
+    >"$work/node$node.out" 2>&1 &
+  eval "agent$node=\$!"
+done
+# shellcheck disable=SC2154
+wait "$agent0" || fail "node 0: $(cat "$work/node0.out")"
+# shellcheck disable=SC2154
+wait "$agent1" || fail "node 1: $(cat "$work/node1.out")"
+[ "$(cat "$work/node0.out" "$work/node1.out" | grep -c 'wheel node rank [01] of 2')" = 2 ] ||
+  fail "the two-node job: $(cat "$work/node0.out" "$work/node1.out")"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+daemon_pid=""
+
+# A C++ program against the installed CMake package.
+prefix=$(python -c 'import ctrun; print(ctrun.cmake_prefix_path())')
+cmake -S "$source_dir/tests/consumer" -B "$work/consumer" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$prefix" >/dev/null || fail "find_package(ctrun) via $prefix"
+cmake --build "$work/consumer" >/dev/null || fail "the consumer did not build"
+grep -q "$prefix" "$work/consumer/build.ninja" ||
+  fail "the consumer did not link the wheel's library"
+out=$(timeout 120 ctrun --nproc_per_node=2 --log_line_prefix_template= \
+  "$work/consumer/consumer")
+[ "$(grep -c 'consumer: rank [01] of 2' <<<"$out")" = 2 ] ||
+  fail "the C++ program under the wheel's ctrun: $out"
+echo "wheel test passed"
