@@ -510,23 +510,50 @@ int Failover(const std::string& ctrund, int agents) {
   }
   const absl::Time killed = absl::Now();
   first.Kill();
-  // Each agent, once its session broke, resumes it as ctrun's does.
+  // Each agent, once its session broke, resumes it as ctrun's does
+  // (AgentPolicy::Reconnect): a standby's refusal names the leader, tried
+  // at once; a leader that is gone sends calls back to the endpoints, tried
+  // again after 100 ms, until the standby leads.
   std::vector<std::unique_ptr<SessionStream>> resumed(agents);
+  std::vector<std::thread> resuming;
   for (int i = 0; i < agents; ++i) {
-    Agent* a = sim[i].get();
-    if (!a->ended.WaitForNotificationWithTimeout(absl::Seconds(60))) {
-      Die("a session outlived its leader");
-    }
-    v1::Join join = MakeJoin("bench", i, agents);
-    join.mutable_resume()->set_round(a->round);
-    SessionStream::Handlers handlers;
-    handlers.on_message = [a](const v1::ServerMessage& m) {
-      if (!m.has_resumed() || a->resumed.HasBeenNotified()) return;
-      a->resumed_at = absl::Now();
-      a->resumed.Notify();
-    };
-    resumed[i] = SessionStream::Start(Connect(endpoints), join, handlers);
+    resuming.emplace_back([&, i] {
+      Agent* a = sim[i].get();
+      if (!a->ended.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+        Die("a session outlived its leader");
+      }
+      const Connection connection = Connect(endpoints);
+      const absl::Time give_up = absl::Now() + absl::Seconds(120);
+      while (absl::Now() < give_up) {
+        v1::Join join = MakeJoin("bench", i, agents);
+        join.mutable_resume()->set_round(a->round);
+        // Handlers of one stream run one at a time: no race on `settled`.
+        auto settled = std::make_shared<absl::Notification>();
+        auto redirected = std::make_shared<bool>(false);
+        SessionStream::Handlers handlers;
+        handlers.on_message = [a, settled](const v1::ServerMessage& m) {
+          if (!m.has_resumed() || a->resumed.HasBeenNotified()) return;
+          a->resumed_at = absl::Now();
+          a->resumed.Notify();
+          settled->Notify();
+        };
+        handlers.on_done = [settled, redirected](const absl::Status&,
+                                                 bool was_redirected) {
+          *redirected = was_redirected;
+          if (!settled->HasBeenNotified()) settled->Notify();
+        };
+        auto stream = SessionStream::Start(connection, join, handlers);
+        settled->WaitForNotificationWithTimeout(give_up - absl::Now());
+        if (a->resumed.HasBeenNotified()) {
+          resumed[i] = std::move(stream);
+          return;
+        }
+        stream.reset();  // done: it waits for the stream's end
+        if (!*redirected) absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
   }
+  for (auto& t : resuming) t.join();
   absl::Time last = killed;
   for (auto& a : sim) {
     if (!a->resumed.WaitForNotificationWithTimeout(absl::Seconds(120))) {
