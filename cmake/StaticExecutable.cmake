@@ -2,8 +2,8 @@
 # archives are there, and the C++ runtime too: resolving the symbols of
 # some sixty shared libraries took half of a launch's own time (perf: the
 # dynamic loader's do_lookup_x), their pages counted in the agent's memory,
-# and binaries that need nothing but glibc (and libgcc_s) run from the wheel
-# on any Linux with glibc 2.34 or newer (scripts/build-wheel.sh; scripts/check-binaries.sh
+# and binaries that need nothing but glibc run from the wheel on any Linux
+# with glibc 2.34 or newer (scripts/build-wheel.sh; scripts/check-binaries.sh
 # keeps it so). Sanitized builds keep the shared libraries.
 option(CTRUN_STATIC_EXECUTABLES
   "Link ctrun and ctrund against static gRPC, Abseil and libstdc++" ON)
@@ -46,8 +46,7 @@ function(ctrun_archive_closure target out)
 endfunction()
 
 # An executable `name` from `source`, linking `libs` (our targets and
-# header-only ones): statically but for glibc and libgcc_s where
-# CTRUN_LINK_STATIC.
+# header-only ones): statically but for glibc where CTRUN_LINK_STATIC.
 function(ctrun_add_executable name source)
   set(libs ${ARGN})
   if(NOT CTRUN_LINK_STATIC)
@@ -76,10 +75,8 @@ function(ctrun_add_executable name source)
   foreach(lib ${ours})
     list(APPEND archives "$<TARGET_FILE:${lib}>")
   endforeach()
-  # libgcc_s stays shared (every Linux has it, manylinux allows it): its
-  # static unwinder would need glibc 2.35's _dl_find_object.
   target_link_options(${name} PRIVATE -Wl,--gc-sections -Wl,--as-needed
-    -static-libstdc++)
+    -static-libstdc++ -static-libgcc)
   target_link_libraries(${name} PRIVATE
     -Wl,--start-group ${archives} -Wl,-Bstatic ${static_deps} atomic
     -Wl,-Bdynamic -Wl,--end-group

@@ -12,9 +12,10 @@
 #                                      pack what $CTRUN_BUILD_DIR holds (the
 #                                      wheel's test)
 #
-# The executables need nothing but glibc 2.34 or newer and libgcc_s
-# (scripts/check-binaries.sh refuses the wheel otherwise); the library needs
-# Abseil and Gloo, whose types its API uses.
+# The executables need nothing but glibc 2.34 or newer
+# (scripts/check-binaries.sh refuses the wheel otherwise); libctrun_worker
+# needs the shared libraries it was built with (Abseil, whose types its API
+# uses, Gloo, gRPC, and NCCL where built with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${CTRUN_BUILD_DIR:-build}

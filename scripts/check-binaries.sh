@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Checks that executables run on any Linux with glibc 2.34 or newer, as the
 # wheel promises (scripts/build-wheel.sh): they need no shared library but
-# glibc's own and libgcc_s (manylinux allows it), and no glibc symbol
-# version newer than 2.34.
+# glibc's own, and no glibc symbol version newer than 2.34.
 #
 #   scripts/check-binaries.sh FILE...          exit 1, naming each problem
 #   scripts/check-binaries.sh --floor FILE...  prints the newest glibc
@@ -10,7 +9,7 @@
 set -euo pipefail
 readonly GLIBC_FLOOR=2.34
 readonly ALLOWED="libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1
-ld-linux-x86-64.so.2 ld-linux-aarch64.so.1 libgcc_s.so.1"
+ld-linux-x86-64.so.2 ld-linux-aarch64.so.1"
 
 floor_only=0
 if [ "${1:-}" = --floor ]; then
@@ -35,7 +34,7 @@ for file in "$@"; do
   while read -r lib; do
     if ! grep -qw -- "$lib" <<<"$ALLOWED"; then
       echo "check-binaries: $file needs $lib, a shared library outside" \
-        "glibc's and libgcc_s (link it statically, or dlopen it when its" \
+        "glibc's (link it statically, or dlopen it when its" \
         "flag asks)" >&2
       problems=$((problems + 1))
     fi
