@@ -14,20 +14,8 @@ if [ "${1:-}" = --deb ]; then
 fi
 build_dir=$1
 source_dir=$2
-work=$(mktemp -d)
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ]; then
-    kill "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "consumer test: $*" >&2
-  exit 1
-}
+# shellcheck source=tests/integration/script_support.sh
+. "$(dirname "$0")/script_support.sh"
 
 if [ $deb = 0 ]; then
   prefix=$work/prefix
@@ -113,15 +101,7 @@ else
   command_line=${command_line//\$CTRUND_OPTS/}
   grep -q '[$%]' <<<"$command_line" && fail "unsubstituted: $command_line"
   # shellcheck disable=SC2086
-  $command_line >"$work/ctrund.out" 2>"$work/ctrund.err" &
-  daemon_pid=$!
-  for _ in $(seq 100); do
-    grep -q 'listening on' "$work/ctrund.out" && break
-    kill -0 "$daemon_pid" 2>/dev/null || fail "ctrund exited: $(cat "$work/ctrund.err")"
-    sleep 0.1
-  done
-  endpoint=$(sed -n 's/^ctrund listening on //p' "$work/ctrund.out")
-  [ -n "$endpoint" ] || fail "ctrund did not start: $(cat "$work/ctrund.err")"
+  start_ctrund $command_line
   prefix=$root/usr
 fi
 

@@ -10,20 +10,8 @@
 set -euo pipefail
 build_dir=$(cd "$1" && pwd)
 source_dir=$(cd "$2" && pwd)
-work=$(mktemp -d)
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ]; then
-    kill "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "wheel test: $*" >&2
-  exit 1
-}
+# shellcheck source=tests/integration/script_support.sh
+. "$(dirname "$0")/script_support.sh"
 
 (cd "$source_dir" && CTRUN_BUILD_DIR=$build_dir scripts/build-wheel.sh \
   --no-build --out "$work/dist") || fail "the wheel was not built"
@@ -74,15 +62,7 @@ out=$(timeout 180 ctrun --standalone --nproc_per_node=2 \
   fail "the PyTorch job's output: $out"
 
 # ctrund serving a 2-node job.
-ctrund --listen=127.0.0.1:0 >"$work/ctrund.out" 2>"$work/ctrund.err" &
-daemon_pid=$!
-for _ in $(seq 100); do
-  grep -q 'listening on' "$work/ctrund.out" && break
-  kill -0 "$daemon_pid" 2>/dev/null || fail "ctrund exited: $(cat "$work/ctrund.err")"
-  sleep 0.1
-done
-endpoint=$(sed -n 's/^ctrund listening on //p' "$work/ctrund.out")
-[ -n "$endpoint" ] || fail "ctrund did not start: $(cat "$work/ctrund.err")"
+start_ctrund ctrund --listen=127.0.0.1:0
 for node in 0 1; do
   timeout 120 ctrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d \
     --rdzv_endpoint="$endpoint" --rdzv_id=wheel \
@@ -97,9 +77,7 @@ wait "$agent0" || fail "node 0: $(cat "$work/node0.out")"
 wait "$agent1" || fail "node 1: $(cat "$work/node1.out")"
 [ "$(cat "$work/node0.out" "$work/node1.out" | grep -c 'wheel node rank [01] of 2')" = 2 ] ||
   fail "the two-node job: $(cat "$work/node0.out" "$work/node1.out")"
-kill "$daemon_pid"
-wait "$daemon_pid" 2>/dev/null || true
-daemon_pid=""
+stop_ctrund
 
 # A C++ program against the installed CMake package.
 prefix=$(python -c 'import ctrun; print(ctrun.cmake_prefix_path())')
