@@ -94,9 +94,9 @@ bool Connection::Follow(const grpc::ClientContext& context,
   const auto& trailers = context.GetServerTrailingMetadata();
   auto hint = trailers.find(kLeaderMetadataKey);
   absl::MutexLock lock(&route_->mu);
-  if (hint == trailers.end()) {
-    // The leader went away, or stepped down: ask the list again, where a
-    // standby names its successor.
+  if (hint == trailers.end() || hint->second.empty()) {
+    // The leader went away, or stepped down, or a standby knows no leader
+    // yet: ask the list again, where a standby names its successor.
     route_->leader.clear();
     route_->to_leader.reset();
     return false;
@@ -160,11 +160,12 @@ class StoreClient::Pipe final
     absl::MutexLock lock(&mu_);
     return redirected_;
   }
-  // Whether the stream ended so that the next one goes elsewhere: a
-  // standby refused it, or the leader it went to is unreachable.
+  // Whether the stream ended so that the next one may fare better: a
+  // standby refused it (naming the leader, or during an election), or the
+  // leader it went to is unreachable.
   bool rerouted() const {
     absl::MutexLock lock(&mu_);
-    return redirected_ || left_leader_;
+    return redirected_ || left_leader_ || electing_;
   }
 
  private:
@@ -188,12 +189,16 @@ class StoreClient::Pipe final
 
   void OnFinished(const absl::Status& status) override {
     const bool redirected = connection_.Follow(context(), status);
+    const auto& trailers = context().GetServerTrailingMetadata();
+    const auto hint = trailers.find(kLeaderMetadataKey);
     absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending;
     {
       absl::MutexLock lock(&mu_);
       finished_ = true;
       redirected_ = redirected;
       left_leader_ = on_leader_ && !redirected && absl::IsUnavailable(status);
+      electing_ = absl::IsUnavailable(status) && hint != trailers.end() &&
+                  hint->second.empty();
       pending.swap(pending_);
     }
     const absl::Status why =
@@ -213,6 +218,7 @@ class StoreClient::Pipe final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool redirected_ ABSL_GUARDED_BY(mu_) = false;
   bool left_leader_ ABSL_GUARDED_BY(mu_) = false;
+  bool electing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 StoreClient::StoreClient(Connection connection, std::string job_id,

@@ -37,6 +37,9 @@ class StandbyServer::Service final : public grpc::CallbackGenericService {
     }
     std::optional<std::string> leader = options_.leader();
     if (!leader) {
+      // Named empty: a standby, with nobody to name yet. A client retries
+      // its request within its time rather than giving up at once.
+      context->AddTrailingMetadata(kLeaderMetadataKey, "");
       return new Refusal(grpc::Status(
           grpc::StatusCode::UNAVAILABLE,
           absl::StrCat("the ctrund replica at ", self,

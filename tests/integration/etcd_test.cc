@@ -552,6 +552,25 @@ TEST_CASE(
   CHECK(again.status().message().find("no replica leads right now") !=
         absl::string_view::npos);
   CHECK(connection->leader().empty());
+
+  // A store request that meets the standby during an election waits for
+  // the next leader within its time, rather than failing at once.
+  auto next = RendezvousServer::Start(ServerOptions{});
+  REQUIRE(next.ok());
+  ConnectionOptions to_next;
+  to_next.endpoint = (*next)->endpoint().ToString();
+  SessionProbe rejoined(*Connection::Open(to_next), MakeJoin(spec));
+  REQUIRE(rejoined.NextAssignment(kWait));
+  std::thread elect([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    absl::MutexLock lock(&mu);
+    named = to_next.endpoint;
+  });
+  const absl::Status set = StoreClient(*connection, kJob, 0).Set("k", "v");
+  elect.join();
+  INFO(set);
+  CHECK(set.ok());
+  CHECK(connection->leader() == to_next.endpoint);
 }
 
 TEST_CASE(
