@@ -84,7 +84,6 @@ def main():
         "Version: " + version,
         "Summary: " + SUMMARY,
         "Requires-Python: >=3.8",
-        "License: Proprietary",
         "",
         "ctrun starts one training worker per GPU with torchrun's environment;",
         "agents on several nodes meet at a rendezvous served by ctrund or by an",
