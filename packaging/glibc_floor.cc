@@ -4,6 +4,7 @@
 // definition takes the call. Where glibc has them too, ours serve the
 // program just as well.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,10 +12,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 
 // libstdc++'s std::random_device (which gRPC uses) calls arc4random (glibc
 // 2.36) when the runtime was built on a glibc that has it: the same bytes
-// from getrandom(2).
+// from getrandom(2), else /dev/urandom. Like glibc's, it never returns
+// bytes that are not random: with neither source it aborts.
 extern "C" uint32_t arc4random(void) {
   uint32_t value = 0;
   auto* bytes = reinterpret_cast<unsigned char*>(&value);
@@ -24,9 +27,22 @@ extern "C" uint32_t arc4random(void) {
     if (n > 0) {
       got += static_cast<size_t>(n);
     } else if (n < 0 && errno != EINTR) {
-      break;  // no getrandom (Linux < 3.17): random_device's other sources
+      break;  // no getrandom (Linux < 3.17)
     }
   }
+  if (got < sizeof value) {
+    const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && got < sizeof value) {
+      const ssize_t n = read(fd, bytes + got, sizeof value - got);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+      } else if (!(n < 0 && errno == EINTR)) {
+        break;
+      }
+    }
+    if (fd >= 0) close(fd);
+  }
+  if (got < sizeof value) abort();
   return value;
 }
 
