@@ -8,8 +8,13 @@
 #                                              version they need (2.34)
 set -euo pipefail
 readonly GLIBC_FLOOR=2.34
-readonly ALLOWED="libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1
-ld-linux-x86-64.so.2 ld-linux-aarch64.so.1"
+readonly ALLOWED="libc.so.6
+libm.so.6
+libdl.so.2
+libpthread.so.0
+librt.so.1
+ld-linux-x86-64.so.2
+ld-linux-aarch64.so.1"
 
 floor_only=0
 if [ "${1:-}" = --floor ]; then
@@ -32,7 +37,7 @@ for file in "$@"; do
     exit 2
   fi
   while read -r lib; do
-    if ! grep -qw -- "$lib" <<<"$ALLOWED"; then
+    if ! grep -qxF -- "$lib" <<<"$ALLOWED"; then
       echo "check-binaries: $file needs $lib, a shared library outside" \
         "glibc's (link it statically, or dlopen it when its" \
         "flag asks)" >&2
