@@ -3,10 +3,10 @@ launches (after the user's own entries).
 
 It imports the `ctrun` module, so that a hung worker's Python stacks can be
 taken even from a script that never imports ctrun itself (faulthandler on a
-spare real-time signal; nothing else that the script would notice). Then it
-runs the sitecustomize that it would otherwise hide (the system's, or one
-further along sys.path), exactly as Python would have: a worker sees no
-difference but the stacks.
+spare real-time signal), and so that its env:// init waits for rank 0's
+store to listen (see the module). Then it runs the sitecustomize that it
+would otherwise hide (the system's, or one further along sys.path), exactly
+as Python would have: a worker sees no difference but those two.
 """
 
 

@@ -28,7 +28,10 @@ cmake_prefix_path() finds libctrun_worker for C++ trainers.
 
 Under ctrun, importing the module also registers faulthandler on a spare
 real-time signal, so that the agent can take every thread's Python stack
-from a hung worker before it is stopped.
+from a hung worker before it is stopped; and has torch's env:// init of a
+rank other than 0 wait until MASTER_ADDR:MASTER_PORT listens (torch's
+store client would retry only a second later: a fresh replacement often
+arrives before a kept rank 0 has formed its new store).
 """
 
 import atexit
@@ -335,6 +338,14 @@ except Exception:  # a worker must never fail because of its progress signals
     _forget()
 
 from ._recovery import RoundChanged, resilient, round  # noqa: E402
+
+if _words is not None:
+    try:
+        from ._recovery import _install_master_wait
+
+        _install_master_wait()
+    except Exception:  # torch's own retry is the fallback
+        pass
 
 
 def wait_for_slot():

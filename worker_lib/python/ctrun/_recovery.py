@@ -34,6 +34,7 @@ import time
 _POLL = 0.005  # the world file, this often
 _SWEEP_AFTER = 0.05  # a main thread still inside this long: break its sockets
 _MASTER_WAIT = 120.0  # the new master's store, at most this long
+_FRESH_MASTER_WAIT = 60.0  # a fresh process's wait, before torch's own
 
 
 class RoundChanged(Exception):
@@ -146,13 +147,99 @@ def _abort_nccl():
 
 def _wait_listening(host, port, deadline):
     """A TCPStore client that arrives before its server listens retries only
-    a second later: wait for the listener first."""
+    a second later: wait for the listener first (5 ms apart at first, never
+    more than 100 ms apart, so that many waiting ranks stay cheap)."""
+    pause = 0.005
     while time.monotonic() < deadline:
         try:
             socket.create_connection((host, port), timeout=1.0).close()
             return
         except OSError:
-            time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+
+def _await_master(url, timeout):
+    """In a ctrun worker of rank other than 0: until MASTER_ADDR:MASTER_PORT
+    listens (at most `timeout`, a timedelta, and never over a minute; then
+    torch's own connect takes over with its own timeout and errors)."""
+    if os.environ.get("CTRUN_PROGRESS_PID") != str(os.getpid()):
+        return  # not ctrun's worker (a forked child, a process outside ctrun)
+    query = dict(
+        item.partition("=")[::2] for item in url.partition("?")[2].split("&") if item
+    )
+    rank = query.get("rank", os.environ.get("RANK", ""))
+    try:
+        port = int(os.environ["MASTER_PORT"])
+        host = os.environ["MASTER_ADDR"]
+    except (KeyError, ValueError):
+        return  # torch names what is missing
+    if rank in ("0", "") or not host:
+        return
+    limit = _FRESH_MASTER_WAIT
+    try:
+        limit = min(limit, timeout.total_seconds())
+    except AttributeError:
+        pass
+    _wait_listening(host, port, time.monotonic() + limit)
+
+
+def _patch_env_rendezvous(module):
+    """Has `module` (torch.distributed.rendezvous) wait for the master before
+    env:// forms a store; once per module."""
+    handlers = getattr(module, "_rendezvous_handlers", None)
+    original = handlers.get("env") if isinstance(handlers, dict) else None
+    if original is None or getattr(original, "_ctrun_waits", False):
+        return
+
+    @functools.wraps(original)
+    def env_handler(url, **kwargs):
+        _await_master(url, kwargs.get("timeout"))
+        return original(url, **kwargs)
+
+    env_handler._ctrun_waits = True
+    handlers["env"] = env_handler
+
+
+class _RendezvousFinder:
+    """Patches torch.distributed.rendezvous as it is imported; finds nothing
+    else (every other import goes on down sys.meta_path)."""
+
+    _NAME = "torch.distributed.rendezvous"
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != cls._NAME:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None  # whoever comes next imports it, unpatched
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch_env_rendezvous(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _install_master_wait():
+    """A fresh worker (a replacement, a spare's, a warm start) can reach
+    init_process_group before rank 0's TCPStore listens, above all in a
+    round where rank 0 kept its process and forms its store anew; torch's
+    client then retries only a second later. Under ctrun, env:// waits for
+    the listener first."""
+    import sys
+
+    module = sys.modules.get(_RendezvousFinder._NAME)
+    if module is not None:
+        _patch_env_rendezvous(module)
+    elif _RendezvousFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _RendezvousFinder)
 
 
 class _Recovery:
