@@ -6,7 +6,9 @@
 // value (no lock, no lookup), and CLIENTS threads in this process, each on
 // its own connection and Pipe stream, doing blocking request/response pairs.
 // Whatever ctrund's store does beyond this is its own cost; this part is gRPC's
-// and the kernel's. Prints one JSON line like rdzv_bench.
+// and the kernel's. The timing starts once every client has had an answer;
+// the server's peak RSS is gRPC's own memory for that many connections, the
+// floor of ctrund's per agent. Prints one JSON line like rdzv_bench.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +60,16 @@ class EchoService final : public ctrun::v1::Store::CallbackService {
 
 }  // namespace
 
+// VmHWM of `pid`, in MiB; 0 when it cannot be read.
+double PeakRssMib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const int clients = argc > 1 ? std::atoi(argv[1]) : 1;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 3;
@@ -81,7 +94,8 @@ int main(int argc, char** argv) {
   if (read(port_pipe[0], &port, sizeof port) != sizeof port) return 1;
 
   std::atomic<long> ops{0};
-  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::atomic<bool> timing{false}, stop{false};
   std::vector<std::thread> threads;
   for (int i = 0; i < clients; ++i) {
     threads.emplace_back([&, i] {
@@ -97,23 +111,31 @@ int main(int argc, char** argv) {
       request.mutable_get()->set_key("key");
       StoreResponse response;
       long n = 0;
-      while (!stop) {
+      for (bool first = true; !stop; first = false) {
         request.set_id(n);
         if (!stream->Write(request) || !stream->Read(&response)) break;
-        ++n;
+        if (first) ++answered;
+        n += timing;
       }
       ops += n;
       stream->WritesDone();
       stream->Finish().IgnoreError();
     });
   }
+  const auto connect_by =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (answered < clients && std::chrono::steady_clock::now() < connect_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  timing = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   stop = true;
   for (auto& t : threads) t.join();
+  const double rss_mib = PeakRssMib(server_pid);
   kill(server_pid, SIGKILL);
   waitpid(server_pid, nullptr, 0);
   std::printf(
       "{\"bench\":\"grpc_floor\",\"op\":\"get\",\"clients\":%d,"
-      "\"ops_per_s\":%.0f}\n",
-      clients, static_cast<double>(ops) / seconds);
+      "\"ops_per_s\":%.0f,\"server_peak_rss_mib\":%.1f}\n",
+      clients, static_cast<double>(ops) / seconds, rss_mib);
 }

@@ -265,6 +265,11 @@ class Report:
             runs = by.get((impl, n), [])
             return spread([r.get(key) for r in runs if not r.get("gave_up")])
 
+        def grpc_rss(n):
+            v = spread([r.get("server_peak_rss_mib") for r in
+                        self.pick(bench="grpc_floor", clients=n)])
+            return f"{v[0]:.0f} MiB" if v else "—"
+
         floor_note = (f" The floor is N loopback round trips one after "
                       f"another (one round trip: {rtt_us:.0f} µs median)."
                       if rtt_us else "")
@@ -275,11 +280,15 @@ class Report:
                  "(`DynamicRendezvousHandler` over a `TCPStore` in its own "
                  "process). Time from the first join to the last assignment; "
                  "CPU seconds and peak RSS of the daemon (ctrund) or the "
-                 "store process (torchrun)." + floor_note,
+                 "store process (torchrun)." + floor_note + " gRPC RSS: "
+                 "a bare gRPC server (`grpc_floor`) holding as many "
+                 "connections and streams, each answered once: gRPC's own "
+                 "memory, the floor of ctrund's.",
                  "",
                  "| agents | ctrun | torchrun | torchrun / ctrun | floor | "
-                 "ctrund CPU | store CPU | ctrund RSS | store RSS |",
-                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 "ctrund CPU | store CPU | ctrund RSS | gRPC RSS | "
+                 "store RSS |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         data = []
         for n in sizes:
             c = field("ctrun", n, "all_assigned_ms")
@@ -304,6 +313,7 @@ class Report:
                 amount("ctrun", "daemon_cpu_s", "s", 2),
                 amount("torchrun", "daemon_cpu_s", "s", 2),
                 amount("ctrun", "daemon_peak_rss_mib", "MiB", 0),
+                grpc_rss(n),
                 amount("torchrun", "daemon_peak_rss_mib", "MiB", 0)]) + " |")
             data.append((n, c and tuple(x / 1000 for x in c),
                          t and tuple(x / 1000 for x in t),

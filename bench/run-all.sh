@@ -71,6 +71,8 @@ for n in "${agents[@]}"; do
   for _ in $(seq "$reps"); do
     "$bin/rdzv_bench" rendezvous --ctrund "$ctrund" --agents "$n" | tag ctrun
   done
+  # A bare gRPC server's memory for as many connections (a thread each).
+  if [ "$n" -le 4096 ]; then "$bin/grpc_floor" "$n" 1 | tag floor; fi
 done >"$out/rendezvous.jsonl"
 
 step "rendezvous scale: torchrun's c10d, as far as it gets in ${torch_give_up} s"
