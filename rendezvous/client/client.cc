@@ -88,9 +88,9 @@ std::string Connection::leader() const {
   return route_->leader;
 }
 
-bool Connection::Follow(const grpc::ClientContext& context,
-                        const absl::Status& status) const {
-  if (!absl::IsUnavailable(status)) return false;
+Connection::Heard Connection::Follow(const grpc::ClientContext& context,
+                                     const absl::Status& status) const {
+  if (!absl::IsUnavailable(status)) return Heard::kNothing;
   const auto& trailers = context.GetServerTrailingMetadata();
   auto hint = trailers.find(kLeaderMetadataKey);
   absl::MutexLock lock(&route_->mu);
@@ -99,7 +99,7 @@ bool Connection::Follow(const grpc::ClientContext& context,
     // yet: ask the list again, where a standby names its successor.
     route_->leader.clear();
     route_->to_leader.reset();
-    return false;
+    return hint == trailers.end() ? Heard::kGone : Heard::kNoLeader;
   }
   const std::string leader(hint->second.data(), hint->second.size());
   if (leader != route_->leader) {
@@ -107,7 +107,7 @@ bool Connection::Follow(const grpc::ClientContext& context,
     route_->to_leader =
         grpc::CreateCustomChannel(leader, route_->credentials, route_->args);
   }
-  return true;
+  return Heard::kLeader;
 }
 
 void Connection::Prepare(grpc::ClientContext* context,
@@ -155,17 +155,20 @@ class StoreClient::Pipe final
     absl::MutexLock lock(&mu_);
     return !finished_;
   }
-  // Whether a standby refused the stream: none of its requests was done.
-  bool redirected() const {
+  // Whether a standby refused the stream (naming the leader, or during an
+  // election): none of its requests was done.
+  bool refused_by_standby() const {
     absl::MutexLock lock(&mu_);
-    return redirected_;
+    return heard_ == Connection::Heard::kLeader ||
+           heard_ == Connection::Heard::kNoLeader;
   }
   // Whether the stream ended so that the next one may fare better: a
-  // standby refused it (naming the leader, or during an election), or the
-  // leader it went to is unreachable.
+  // standby refused it, or the leader it went to is unreachable.
   bool rerouted() const {
     absl::MutexLock lock(&mu_);
-    return redirected_ || left_leader_ || electing_;
+    return heard_ == Connection::Heard::kLeader ||
+           heard_ == Connection::Heard::kNoLeader ||
+           (on_leader_ && heard_ == Connection::Heard::kGone);
   }
 
  private:
@@ -188,17 +191,12 @@ class StoreClient::Pipe final
   }
 
   void OnFinished(const absl::Status& status) override {
-    const bool redirected = connection_.Follow(context(), status);
-    const auto& trailers = context().GetServerTrailingMetadata();
-    const auto hint = trailers.find(kLeaderMetadataKey);
+    const Connection::Heard heard = connection_.Follow(context(), status);
     absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending;
     {
       absl::MutexLock lock(&mu_);
       finished_ = true;
-      redirected_ = redirected;
-      left_leader_ = on_leader_ && !redirected && absl::IsUnavailable(status);
-      electing_ = absl::IsUnavailable(status) && hint != trailers.end() &&
-                  hint->second.empty();
+      heard_ = heard;
       pending.swap(pending_);
     }
     const absl::Status why =
@@ -216,9 +214,7 @@ class StoreClient::Pipe final
   absl::flat_hash_map<uint64_t, std::shared_ptr<Slot>> pending_
       ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool redirected_ ABSL_GUARDED_BY(mu_) = false;
-  bool left_leader_ ABSL_GUARDED_BY(mu_) = false;
-  bool electing_ ABSL_GUARDED_BY(mu_) = false;
+  Connection::Heard heard_ ABSL_GUARDED_BY(mu_) = Connection::Heard::kNothing;
 };
 
 StoreClient::StoreClient(Connection connection, std::string job_id,
@@ -333,7 +329,8 @@ absl::StatusOr<v1::StoreResponse> StoreClient::Call(v1::StoreRequest request,
                        " within ", absl::FormatDuration(wait + rpc_timeout_)));
     }
     if (absl::IsUnavailable(slot->result.status()) && !pipe->open() &&
-        (Repeatable(request) || pipe->redirected()) && again(attempt, *pipe)) {
+        (Repeatable(request) || pipe->refused_by_standby()) &&
+        again(attempt, *pipe)) {
       continue;
     }
     return std::move(slot->result);
@@ -453,7 +450,10 @@ absl::StatusOr<Response> AdminClient::Call(Method method) {
     const absl::Status status =
         FromGrpcStatus(method(*stub, &context, &response));
     if (status.ok()) return response;
-    if (connection_.Follow(context, status) && attempt == 0) continue;
+    if (connection_.Follow(context, status) == Connection::Heard::kLeader &&
+        attempt == 0) {
+      continue;
+    }
     return status;
   }
 }
@@ -492,7 +492,8 @@ class SessionStream::Reactor final
   }
   void OnFinished(const absl::Status& status) override {
     // Before the agent opens another.
-    const bool redirected = connection_.Follow(context(), status);
+    const bool redirected =
+        connection_.Follow(context(), status) == Connection::Heard::kLeader;
     if (handlers_.on_done) handlers_.on_done(status, redirected);
   }
 

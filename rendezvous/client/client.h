@@ -72,14 +72,22 @@ class Connection {
   Target target() const;
   std::shared_ptr<grpc::Channel> channel() const { return target().channel; }
 
-  // Learns from a call that ended with `status` (context being the call's):
-  // a standby's UNAVAILABLE names the leader (kLeaderMetadataKey), and
-  // calls go there from now on; an UNAVAILABLE from that leader without a
-  // name sends calls back to the endpoints given (it may have stepped
-  // down or died). True when the call was a standby's refusal, so nothing
-  // of it was done and it may be sent again at once.
-  bool Follow(const grpc::ClientContext& context,
-              const absl::Status& status) const;
+  // What a call's end says of where calls go.
+  enum class Heard {
+    kNothing,  // it did not end UNAVAILABLE
+    // A standby refused it, naming the leader (kLeaderMetadataKey): calls
+    // go there from now on. Nothing of it was done; send it again at once.
+    kLeader,
+    // A standby refused it while no replica leads (an empty name): nothing
+    // of it was done; send it again to the endpoints given, a little later.
+    kNoLeader,
+    // UNAVAILABLE without a name: the leader went away or stepped down, or
+    // the endpoints are unreachable. Calls go to the endpoints given.
+    kGone,
+  };
+  // Learns from a call that ended with `status` (context being the call's).
+  Heard Follow(const grpc::ClientContext& context,
+               const absl::Status& status) const;
 
   // The leader calls go to, or "" while they go to the endpoints given.
   std::string leader() const;

@@ -571,6 +571,24 @@ TEST_CASE(
   INFO(set);
   CHECK(set.ok());
   CHECK(connection->leader() == to_next.endpoint);
+
+  // So does one that is not repeatable: the standby did nothing of it.
+  {
+    absl::MutexLock lock(&mu);
+    named.reset();
+  }
+  auto fresh = Connection::Open(options);
+  REQUIRE(fresh.ok());
+  std::thread reelect([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    absl::MutexLock lock(&mu);
+    named = to_next.endpoint;
+  });
+  auto counted = StoreClient(*fresh, kJob, 0).Add("during", 7);
+  reelect.join();
+  INFO(counted.status());
+  REQUIRE(counted.ok());
+  CHECK(*counted == 7);
 }
 
 TEST_CASE(
