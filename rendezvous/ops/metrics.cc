@@ -104,12 +104,17 @@ std::string LabelText(const Labels& labels, absl::string_view extra_name = {},
 class Family {
  public:
   enum class Type { kCounter, kHistogram };
-  Family(std::string name, std::string help, Type type,
-         const std::vector<double>* buckets = nullptr)
+  // Adds itself to `shown`, the families rendered, in that order.
+  Family(std::vector<const Family*>* shown, std::string name, std::string help,
+         Type type, const std::vector<double>* buckets = nullptr)
       : name_(std::move(name)),
         help_(std::move(help)),
         type_(type),
-        buckets_(buckets) {}
+        buckets_(buckets) {
+    shown->push_back(this);
+  }
+  Family(const Family&) = delete;
+  Family& operator=(const Family&) = delete;
 
   // A counter's series is shown from its creation, at zero.
   void Create(const Labels& labels) { series_.try_emplace(labels, Series()); }
@@ -177,60 +182,56 @@ void RenderGauges(absl::string_view name, absl::string_view help,
 
 struct RendezvousMetrics::Families {
   using Type = Family::Type;
-  Family rounds{"ctrund_rounds_total",
+  // Every family below, in the order they are declared and shown.
+  std::vector<const Family*> all;
+  Family rounds{&all, "ctrund_rounds_total",
                 "Rounds opened, by why: first (a new job), worker_failed, "
                 "worker_hung, node_lost, scale_up",
                 Type::kCounter};
-  Family restarts{"ctrund_restarts_total",
+  Family restarts{&all, "ctrund_restarts_total",
                   "Restarts of a job's workers (rounds after the first), by "
                   "why",
                   Type::kCounter};
-  Family events{"ctrund_events_total",
+  Family events{&all, "ctrund_events_total",
                 "Events of the event log (docs/events.md), by name",
                 Type::kCounter};
-  Family failures{"ctrund_worker_failures_total",
+  Family failures{&all, "ctrund_worker_failures_total",
                   "Worker failures reported (the first of each round's "
                   "node), by class: user_error, oom, hardware, network, "
                   "hang, signal, other",
                   Type::kCounter};
-  Family jobs_ended{"ctrund_jobs_ended_total",
+  Family jobs_ended{&all, "ctrund_jobs_ended_total",
                     "Jobs that finished or failed, by outcome", Type::kCounter};
-  Family round_seconds{"ctrund_round_close_seconds",
+  Family round_seconds{&all, "ctrund_round_close_seconds",
                        "From a round's opening (a job's first join) to its "
                        "assignment",
                        Type::kHistogram, &RoundBuckets()};
-  Family store_ops{"ctrund_store_operation_seconds",
+  Family store_ops{&all, "ctrund_store_operation_seconds",
                    "Store requests by kind, from arrival to answer (waits "
                    "included)",
                    Type::kHistogram, &LatencyBuckets()};
-  Family store_errors{"ctrund_store_errors_total",
+  Family store_errors{&all, "ctrund_store_errors_total",
                       "Store requests answered with an error, by kind and "
                       "code",
                       Type::kCounter};
-  Family log_writes{"ctrund_state_write_seconds",
+  Family log_writes{&all, "ctrund_state_write_seconds",
                     "Commits of the saved state (journal fsync or etcd txn)",
                     Type::kHistogram, &LatencyBuckets()};
-  Family kept{"ctrund_workers_kept_total",
+  Family kept{&all, "ctrund_workers_kept_total",
               "Workers that kept their processes into a new round "
               "(--recovery=inprocess)",
               Type::kCounter};
-  Family recovery_seconds{"ctrund_inprocess_recovery_seconds",
+  Family recovery_seconds{&all, "ctrund_inprocess_recovery_seconds",
                           "In-process rounds, per node: from the failure to "
                           "every worker's process group formed again",
                           Type::kHistogram, &RoundBuckets()};
-  Family promotions{"ctrund_spares_promoted_total",
+  Family promotions{&all, "ctrund_spares_promoted_total",
                     "Spares (--spares) given a lost node's slot",
                     Type::kCounter};
-  Family refusals{"ctrund_refusals_total",
+  Family refusals{&all, "ctrund_refusals_total",
                   "Sessions, store requests and admin calls refused, by rpc "
                   "and code",
                   Type::kCounter};
-
-  // In the order they are shown.
-  const Family* all[13] = {
-      &rounds,           &restarts,   &events,       &failures,   &jobs_ended,
-      &round_seconds,    &store_ops,  &store_errors, &log_writes, &kept,
-      &recovery_seconds, &promotions, &refusals};
 };
 
 RendezvousMetrics::RendezvousMetrics()
