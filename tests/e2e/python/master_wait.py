@@ -3,8 +3,9 @@
 Prints "wrapped R BOOL" (torch's env:// handler is ctrun's), then, on rank
 1, "waited BOOL" (a stand-in for torch's handler, called for rank 1 while
 nothing listens on the master port yet, ran only once a listener came a
-second later) and "rank0-waited BOOL" (the same for rank 0: it must not
-wait). Then both ranks form a Gloo group, rank 0 half a
+second later), "rank0-waited BOOL" (the same for rank 0: it must not
+wait) and "unresolved-passed-on BOOL" (a master name that does not
+resolve goes to torch at once, not after the wait's time). Then both ranks form a Gloo group, rank 0 half a
 second late, and print "sum R VALUE" of an all-reduce of 1 + rank.
 """
 import os
@@ -64,6 +65,11 @@ if rank == 1 and hasattr(handler, "_ctrun_waits"):
     print("waited %s" % listener_came_first(wrapped, "env://?rank=1&world_size=2"), flush=True)
     # Rank 0 (from the URL, as init_process_group passes it) hosts the store.
     print("rank0-waited %s" % listener_came_first(wrapped, "env://?rank=0&world_size=2"), flush=True)
+    # A master name that does not resolve is torch's to report, at once.
+    os.environ["MASTER_ADDR"] = "no-such-host.invalid"
+    began = time.monotonic()
+    next(wrapped("env://?rank=1&world_size=2", timeout=timedelta(seconds=30)))
+    print("unresolved-passed-on %s" % (time.monotonic() - began < 10), flush=True)
     os.environ.clear()
     os.environ.update(saved)
 

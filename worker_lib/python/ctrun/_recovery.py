@@ -154,6 +154,8 @@ def _wait_listening(host, port, deadline):
         try:
             socket.create_connection((host, port), timeout=1.0).close()
             return
+        except socket.gaierror:
+            return  # a name that does not resolve: torch's error says so
         except OSError:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
