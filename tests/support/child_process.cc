@@ -36,11 +36,17 @@ std::vector<std::string> EnvironmentWith(std::vector<std::string> overrides) {
 
 ChildProcess::ChildProcess(std::vector<std::string> argv,
                            std::vector<std::string> overrides) {
-  // Built before fork: the child only execs.
+  // Built before fork: the child only execs. It must not allocate: another
+  // thread of this process (gRPC's) may have held the allocator's lock at
+  // the fork, and the sanitizers' allocator, unlike glibc's, does not take
+  // its locks around fork, so the child would wait for ever.
   std::vector<std::string> env = EnvironmentWith(std::move(overrides));
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
   std::string path =
       std::filesystem::temp_directory_path() / "ctrun-test-stderr-XXXXXX";
   const int err_fd = mkstemp(path.data());
@@ -56,11 +62,9 @@ ChildProcess::ChildProcess(std::vector<std::string> argv,
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(out[1], STDOUT_FILENO);
     dup2(err_fd, STDERR_FILENO);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
     execve(args[0], args.data(), envp.data());
-    std::perror("execv");
+    static constexpr char kFailed[] = "execve of the test's child failed\n";
+    (void)!write(STDERR_FILENO, kFailed, sizeof kFailed - 1);
     _exit(127);
   }
   setpgid(pid_, pid_);  // also here, so that the group exists on return
