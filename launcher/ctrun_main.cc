@@ -137,8 +137,10 @@ std::string WorkerToken(const std::string& token, const std::string& job_id) {
 // with this node's credentials.
 absl::StatusOr<Connection> Connect(const std::string& endpoint,
                                    const Credentials& credentials,
-                                   const LaunchOptions& options) {
+                                   const LaunchOptions& options,
+                                   LocalRendezvous* local = nullptr) {
   ConnectionOptions connection_options;
+  connection_options.local = local;
   connection_options.endpoint = endpoint;
   connection_options.token = credentials.token;
   connection_options.munge = credentials.munge;
@@ -152,8 +154,9 @@ struct Operations {
   std::shared_ptr<RendezvousMetrics> metrics;  // with --metrics_listen
 };
 
-// The in-process rendezvous of the hosting agent, which talks to it through
-// the ordinary client like every other agent. Null when another agent here
+// The in-process rendezvous of the hosting agent, which joins it through
+// the ordinary client like every other agent, its session going in process
+// (LocalRendezvous). Null when another agent here
 // serves the inferred endpoint already.
 absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
     const LaunchOptions& options, const RendezvousPlan& plan,
@@ -162,6 +165,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> HostRendezvous(
   server_options.metrics = operations.metrics;
   server_options.event_log = operations.event_log;
   server_options.listen = plan.endpoint;
+  // This agent's own session goes in process (Connect): gRPC starts only
+  // when a worker or another node connects.
+  server_options.start_grpc_on_first_connection = true;
   server_options.token = credentials.token;
   server_options.munge = credentials.munge;
   if (!options.tls_cert.empty()) {
@@ -262,7 +268,10 @@ absl::StatusOr<Rendezvous> ReachRendezvous(const LaunchOptions& options,
   }
   const std::string endpoint =
       server ? server->endpoint().ToString() : JoinEndpoints(plan.endpoints);
-  auto connection = Connect(endpoint, credentials, options);
+  // The hosting agent's own session needs no transport: unless a worker
+  // uses the store or another node joins, nothing here starts gRPC.
+  auto connection = Connect(endpoint, credentials, options,
+                            server ? server->local() : nullptr);
   if (!connection.ok()) return connection.status();
   return Rendezvous{std::move(server), endpoint, std::move(*connection)};
 }

@@ -14,15 +14,34 @@
 namespace ctrun {
 
 // What copies of a Connection share: the channel to the endpoints given,
-// and the one to the leader a standby named, made alike.
+// and the one to the leader a standby named, made alike. Both are made at
+// first use: making credentials starts gRPC (its threads among others),
+// which an agent that only talks to a rendezvous in its own process never
+// needs.
 struct Connection::Route {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string target;
+  std::optional<std::string> tls_roots;  // PEM; none: plain text
   grpc::ChannelArguments args;
-  std::shared_ptr<grpc::Channel> listed;
 
   absl::Mutex mu;
+  std::shared_ptr<grpc::ChannelCredentials> credentials ABSL_GUARDED_BY(mu);
+  std::shared_ptr<grpc::Channel> listed ABSL_GUARDED_BY(mu);
   std::string leader ABSL_GUARDED_BY(mu);
   std::shared_ptr<grpc::Channel> to_leader ABSL_GUARDED_BY(mu);
+
+  std::shared_ptr<grpc::Channel> ChannelLocked(const std::string& to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!credentials) {
+      if (tls_roots) {
+        grpc::SslCredentialsOptions ssl;
+        ssl.pem_root_certs = *tls_roots;
+        credentials = grpc::SslCredentials(ssl);
+      } else {
+        credentials = grpc::InsecureChannelCredentials();
+      }
+    }
+    return grpc::CreateCustomChannel(to, credentials, args);
+  }
 };
 
 absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
@@ -36,15 +55,12 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   }
   auto target = ChannelTarget(*endpoints);
   if (!target.ok()) return target.status();
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      grpc::InsecureChannelCredentials();
+  std::optional<std::string> tls_roots;
   grpc::ChannelArguments args;
   if (!options.tls_ca_file.empty()) {
     auto pem = ReadUserFile(options.tls_ca_file, "TLS CA file", kMaxPemBytes);
     if (!pem.ok()) return pem.status();
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = *std::move(pem);
-    credentials = grpc::SslCredentials(ssl);
+    tls_roots = *std::move(pem);
     if (!options.tls_server_name.empty()) {
       args.SetSslTargetNameOverride(options.tls_server_name);
     }
@@ -70,16 +86,18 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
     if (!probe.ok()) return probe.status();
     c.munge_ = options.munge;
   }
+  c.local_ = options.local;
   c.route_ = std::make_shared<Route>();
-  c.route_->credentials = credentials;
+  c.route_->target = *std::move(target);
+  c.route_->tls_roots = std::move(tls_roots);
   c.route_->args = args;
-  c.route_->listed = grpc::CreateCustomChannel(*target, credentials, args);
   return c;
 }
 
 Connection::Target Connection::target() const {
   absl::MutexLock lock(&route_->mu);
   if (route_->to_leader) return {route_->to_leader, true};
+  if (!route_->listed) route_->listed = route_->ChannelLocked(route_->target);
   return {route_->listed, false};
 }
 
@@ -104,8 +122,7 @@ Connection::Heard Connection::Follow(const grpc::ClientContext& context,
   const std::string leader(hint->second.data(), hint->second.size());
   if (leader != route_->leader) {
     route_->leader = leader;
-    route_->to_leader =
-        grpc::CreateCustomChannel(leader, route_->credentials, route_->args);
+    route_->to_leader = route_->ChannelLocked(leader);
   }
   return Heard::kLeader;
 }
@@ -479,12 +496,39 @@ absl::StatusOr<v1::JobStatus> AdminClient::DescribeJob(
 
 // --- SessionStream ----------------------------------------------------------
 
-// The stream behind a SessionStream: hands messages to the handlers.
-class SessionStream::Reactor final
-    : public ClientStream<v1::AgentMessage, v1::ServerMessage> {
+class SessionStream::Transport {
  public:
-  Reactor(Connection connection, Handlers handlers)
+  virtual ~Transport() = default;
+  virtual void Send(v1::AgentMessage message) = 0;
+  virtual void Close() = 0;
+  virtual void Cancel() = 0;
+  virtual absl::Status Wait() = 0;
+  virtual std::optional<absl::Status> WaitFor(absl::Duration timeout) = 0;
+  virtual bool done() = 0;
+};
+
+namespace {
+
+// The session over gRPC: hands messages to the handlers.
+class GrpcSession final
+    : public ClientStream<v1::AgentMessage, v1::ServerMessage>,
+      public SessionStream::Transport {
+  using Stream = ClientStream<v1::AgentMessage, v1::ServerMessage>;
+
+ public:
+  GrpcSession(Connection connection, SessionStream::Handlers handlers)
       : connection_(std::move(connection)), handlers_(std::move(handlers)) {}
+
+  void Send(v1::AgentMessage message) override {
+    Stream::Send(std::move(message));  // dropped when closing: documented
+  }
+  void Close() override { Stream::Close(); }
+  void Cancel() override { Stream::Cancel(); }
+  absl::Status Wait() override { return Stream::Wait(); }
+  std::optional<absl::Status> WaitFor(absl::Duration timeout) override {
+    return Stream::WaitFor(timeout);
+  }
+  bool done() override { return Stream::done(); }
 
  private:
   void OnMessage(const v1::ServerMessage& message) override {
@@ -498,15 +542,106 @@ class SessionStream::Reactor final
   }
 
   const Connection connection_;
-  const Handlers handlers_;
+  const SessionStream::Handlers handlers_;
 };
 
-SessionStream::SessionStream(std::unique_ptr<Reactor> reactor)
-    : reactor_(std::move(reactor)) {}
+// The session with a rendezvous in this process: the service handles each
+// message as it is sent, and its answers come on the thread that caused
+// them.
+class LocalSessionTransport final : public SessionStream::Transport {
+ public:
+  explicit LocalSessionTransport(SessionStream::Handlers handlers)
+      : handlers_(std::move(handlers)) {}
+
+  void Open(LocalRendezvous& local, const v1::Join& join) {
+    LocalRendezvous::Handlers h;
+    h.on_message = [this](const v1::ServerMessage& message) {
+      if (handlers_.on_message) handlers_.on_message(message);
+    };
+    h.on_done = [this](const absl::Status& status) { Finished(status); };
+    session_ = local.OpenSession(std::move(h));
+    v1::AgentMessage first;
+    *first.mutable_join() = join;
+    Send(std::move(first));
+  }
+
+  void Send(v1::AgentMessage message) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (left_ || status_) return;  // dropped when closing: documented
+    }
+    session_->Send(message);
+  }
+  // Nothing is ever queued: a half-close leaves at once.
+  void Close() override { Leave(false); }
+  void Cancel() override { Leave(true); }
+  absl::Status Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<absl::Status>* s) { return s->has_value(); },
+        &status_));
+    return *status_;
+  }
+  std::optional<absl::Status> WaitFor(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::optional<absl::Status>* s) { return s->has_value(); },
+            &status_),
+        timeout);
+    return status_;
+  }
+  bool done() override {
+    absl::MutexLock lock(&mu_);
+    return status_.has_value();
+  }
+
+ private:
+  void Leave(bool cancel) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (left_ || status_) return;
+      left_ = true;
+      cancelled_ = cancel;
+    }
+    session_->Leave();
+  }
+  void Finished(absl::Status status) {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = cancelled_;
+    }
+    // What gRPC says of a stream its client cancelled.
+    if (cancelled) status = absl::CancelledError("the session was cancelled");
+    if (handlers_.on_done) handlers_.on_done(status, false);
+    // Last: Wait returns, and this may be destroyed, once it is set.
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+  }
+
+  const SessionStream::Handlers handlers_;
+  std::shared_ptr<LocalSession> session_;  // set in Open, before any use
+  absl::Mutex mu_;
+  bool left_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Status> status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+SessionStream::SessionStream(std::unique_ptr<Transport> transport)
+    : transport_(std::move(transport)) {}
 
 std::unique_ptr<SessionStream> SessionStream::Start(
     const Connection& connection, const v1::Join& join, Handlers handlers) {
-  auto reactor = std::make_unique<Reactor>(connection, std::move(handlers));
+  if (LocalRendezvous* local = connection.local()) {
+    auto session = std::make_unique<LocalSessionTransport>(std::move(handlers));
+    session->Open(*local, join);
+    return std::unique_ptr<SessionStream>(
+        new SessionStream(std::move(session)));
+  }
+  auto reactor = std::make_unique<GrpcSession>(connection, std::move(handlers));
   connection.Prepare(&reactor->context(), absl::InfiniteDuration());
   // An agent may start before the node that hosts the rendezvous: the
   // session waits for the service to come up instead of failing at once.
@@ -523,18 +658,18 @@ std::unique_ptr<SessionStream> SessionStream::Start(
 }
 
 SessionStream::~SessionStream() {
-  if (!reactor_->done()) reactor_->Cancel();
-  reactor_->Wait().IgnoreError();
+  if (!transport_->done()) transport_->Cancel();
+  transport_->Wait().IgnoreError();
 }
 
 void SessionStream::Send(v1::AgentMessage message) {
-  reactor_->Send(std::move(message));  // dropped when closing: documented
+  transport_->Send(std::move(message));
 }
-void SessionStream::Close() { reactor_->Close(); }
-void SessionStream::Cancel() { reactor_->Cancel(); }
-absl::Status SessionStream::Wait() { return reactor_->Wait(); }
+void SessionStream::Close() { transport_->Close(); }
+void SessionStream::Cancel() { transport_->Cancel(); }
+absl::Status SessionStream::Wait() { return transport_->Wait(); }
 std::optional<absl::Status> SessionStream::WaitFor(absl::Duration timeout) {
-  return reactor_->WaitFor(timeout);
+  return transport_->WaitFor(timeout);
 }
 
 }  // namespace ctrun

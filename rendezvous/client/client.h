@@ -23,6 +23,7 @@
 #include "ctrun/v1/admin.grpc.pb.h"
 #include "ctrun/v1/rendezvous.grpc.pb.h"
 #include "ctrun/v1/store.grpc.pb.h"
+#include "rendezvous/rpc/local_rendezvous.h"
 #include "rendezvous/rpc/munge.h"
 
 namespace ctrun {
@@ -43,6 +44,11 @@ struct ConnectionOptions {
   // Gives this connection its own TCP connection even when another one to
   // the same endpoint exists in the process (gRPC shares them otherwise).
   bool own_tcp_connection = false;
+  // When set, the rendezvous at `endpoint` is this one, served in this
+  // process: sessions (SessionStream) reach it without a transport. It
+  // must outlive the connection's sessions. Other calls still go over
+  // `endpoint`.
+  LocalRendezvous* local = nullptr;
 };
 
 // A channel plus the credentials to put on each call. Cheap to copy; safe
@@ -93,10 +99,13 @@ class Connection {
   std::string leader() const;
 
   const std::string& endpoint() const { return endpoint_; }
+  // ConnectionOptions::local.
+  LocalRendezvous* local() const { return local_; }
 
  private:
   struct Route;
   std::shared_ptr<Route> route_;
+  LocalRendezvous* local_ = nullptr;
   std::string endpoint_;
   std::string token_;
   std::optional<MungeAuth> munge_;
@@ -213,11 +222,12 @@ class SessionStream {
   // Like Wait, but gives up after `timeout` (returns nullopt).
   std::optional<absl::Status> WaitFor(absl::Duration timeout);
 
-  class Reactor;
+  // Over gRPC, or to a rendezvous in this process (ConnectionOptions::local).
+  class Transport;
 
  private:
-  explicit SessionStream(std::unique_ptr<Reactor> reactor);
-  std::unique_ptr<Reactor> reactor_;
+  explicit SessionStream(std::unique_ptr<Transport> transport);
+  std::unique_ptr<Transport> transport_;
 };
 
 }  // namespace ctrun

@@ -1,7 +1,16 @@
 #include "rendezvous/server/listener.h"
 
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "rendezvous/rpc/endpoint.h"
 #include "rendezvous/rpc/user_file.h"
 
 namespace ctrun {
@@ -40,6 +49,65 @@ void SetListenerArguments(grpc::ServerBuilder* builder) {
   // A connection that never completes its handshake (a port scanner, a
   // client that never speaks) is dropped after this, not gRPC's 120 s.
   builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
+}
+
+absl::StatusOr<Listeners> ListenOn(const Endpoint& endpoint) {
+  const std::string& host = endpoint.host;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), "0",
+                                 &hints, &found);
+      rc != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("'", host, "' does not resolve: ", gai_strerror(rc)));
+  }
+  Listeners listeners;
+  listeners.port = endpoint.port;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    sockaddr_storage address{};
+    std::memcpy(&address, a->ai_addr, a->ai_addrlen);
+    const uint16_t wanted = htons(static_cast<uint16_t>(listeners.port));
+    if (address.ss_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = wanted;
+    } else {
+      reinterpret_cast<sockaddr_in*>(&address)->sin_port = wanted;
+    }
+    const int fd =
+        socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int on = 1, off = 0;
+    if (fd >= 0) {
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+      // "::" serves IPv4 too, as gRPC's listener does.
+      if (a->ai_family == AF_INET6) {
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+      }
+    }
+    socklen_t length = sizeof address;
+    if (fd < 0 ||
+        bind(fd, reinterpret_cast<sockaddr*>(&address), a->ai_addrlen) != 0 ||
+        listen(fd, 4096) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      if (fd >= 0) close(fd);
+      // Another address of the name (IPv6 where only IPv4 works) is
+      // skipped once one listens, as gRPC skips it.
+      continue;
+    }
+    listeners.port =
+        ntohs(address.ss_family == AF_INET6
+                  ? reinterpret_cast<sockaddr_in6*>(&address)->sin6_port
+                  : reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+    listeners.fds.push_back(fd);
+  }
+  freeaddrinfo(found);
+  if (listeners.fds.empty()) {
+    // The words of gRPC's listener, which ctrund uses with TLS.
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", endpoint.ToString(),
+                     " (address in use, or not an address of this machine)"));
+  }
+  return listeners;
 }
 
 }  // namespace ctrun

@@ -9,8 +9,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/rpc/endpoint.h"
 
 namespace ctrun {
 
@@ -29,6 +31,18 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 // sharing it), keepalive pings that find vanished peers, and a bounded
 // handshake.
 void SetListenerArguments(grpc::ServerBuilder* builder);
+
+// TCP sockets listening on `endpoint`, as gRPC's AddListeningPort binds
+// them but without gRPC: one per address its host resolves to, all on one
+// port (the endpoint's, or one the system picks for port 0), non-blocking,
+// closed on exec. UNAVAILABLE when the first cannot be bound ("address in
+// use, or not an address of this machine"), NOT_FOUND when the host does
+// not resolve.
+struct Listeners {
+  std::vector<int> fds;
+  int port = 0;
+};
+absl::StatusOr<Listeners> ListenOn(const Endpoint& endpoint);
 
 }  // namespace ctrun
 

@@ -1,11 +1,19 @@
 #include "rendezvous/server/rendezvous_server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <optional>
 #include <set>
@@ -35,6 +43,23 @@ namespace {
 class SessionReactor;
 class StorePipe;
 
+// Where a session's messages go: its gRPC stream, or an agent of this
+// process (LocalSessionSink). Enqueue and EnqueueFinish may be called under
+// the service mutex (which fixes the order of messages); Flush without it.
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  // Queues a message; dropped once the session is finishing.
+  virtual void Enqueue(v1::ServerMessage message) = 0;
+  // Ends the session with `status` once the queue is delivered. The first
+  // status wins.
+  virtual void EnqueueFinish(const absl::Status& status) = 0;
+  // Delivers what is queued.
+  virtual void Flush() = 0;
+  // The service shuts down: ends the session if gRPC does not.
+  virtual void EndAtShutdown() {}
+};
+
 // A store request parked in a job's store, as its stream tracks it.
 struct Parked {
   v1::StoreScope scope;
@@ -56,7 +81,7 @@ struct Access {
 
 // What to do once the service mutex is released.
 struct Delivery {
-  std::vector<std::shared_ptr<SessionReactor>> flush;
+  std::vector<std::shared_ptr<SessionSink>> flush;
   std::vector<KvStore::Fired> fired;
   std::vector<std::pair<std::shared_ptr<StorePipe>, v1::StoreResponse>> replies;
   // Stores dropped enough to give memory back to the system.
@@ -82,7 +107,7 @@ struct StoreBatch {
 
 }  // namespace
 
-class RendezvousServer::Impl {
+class RendezvousServer::Impl : public LocalRendezvous {
  public:
   explicit Impl(ServerOptions options)
       : options_(std::move(options)), core_(options_.limits) {}
@@ -112,6 +137,7 @@ class RendezvousServer::Impl {
 
   // Sessions.
   std::shared_ptr<SessionReactor> NewSession(grpc::CallbackServerContext* ctx);
+  std::shared_ptr<LocalSession> OpenSession(Handlers handlers) override;
   void OnSessionMessage(SessionId id, const Access& access,
                         const v1::AgentMessage& message);
   void OnSessionClosed(SessionId id);
@@ -178,6 +204,12 @@ class RendezvousServer::Impl {
   void LogEffectsLocked(const Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
+  // The gRPC server's settings and services.
+  void Configure(grpc::ServerBuilder* builder);
+  // ServerOptions::start_grpc_on_first_connection: accepts connections on
+  // `listeners_` and hands each to gRPC, starting it at the first.
+  void AcceptLoop();
+  void HandOver(int fd);
   // Restores the jobs of the state directory (if any) into the core.
   absl::Status RestoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Journals what `effects` changed; no-op without a state directory.
@@ -207,13 +239,18 @@ class RendezvousServer::Impl {
   // Constant after Start.
   const ServerOptions options_;
   Endpoint bound_;
+  // Made in Start, or at the first connection by the accepting thread
+  // (which then owns it until Shutdown has joined it).
   std::unique_ptr<grpc::Server> server_;
+  std::vector<int> listeners_;
+  int wake_acceptor_ = -1;  // an eventfd
+  std::thread acceptor_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
   std::thread timer_;
 
   mutable absl::Mutex mu_;
   RendezvousCore core_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<SessionId, std::shared_ptr<SessionReactor>> sessions_
+  absl::flat_hash_map<SessionId, std::shared_ptr<SessionSink>> sessions_
       ABSL_GUARDED_BY(mu_);
   SessionId next_session_ ABSL_GUARDED_BY(mu_) = 1;
   // The time the timer thread sleeps until, and whether it must look again.
@@ -243,10 +280,21 @@ using Impl = RendezvousServer::Impl;
 // One agent's session. Messages are queued under the Impl mutex (so that
 // their order is the core's order) and written after it is released.
 class SessionReactor final
-    : public ServerStream<v1::AgentMessage, v1::ServerMessage> {
+    : public ServerStream<v1::AgentMessage, v1::ServerMessage>,
+      public SessionSink {
+  using Stream = ServerStream<v1::AgentMessage, v1::ServerMessage>;
+
  public:
   SessionReactor(Impl* impl, SessionId id) : impl_(impl), id_(id) {}
   void set_access(Access access) { access_ = std::move(access); }
+
+  void Enqueue(v1::ServerMessage message) override {
+    Stream::Enqueue(std::move(message));
+  }
+  void EnqueueFinish(const absl::Status& status) override {
+    Stream::EnqueueFinish(status);
+  }
+  void Flush() override { Stream::Flush(); }
 
  private:
   void OnMessage(const v1::AgentMessage& message) override {
@@ -260,6 +308,100 @@ class SessionReactor final
   Impl* const impl_;
   const SessionId id_;
   Access access_;  // set before the first message
+};
+
+// A session of an agent in this process (LocalRendezvous): its messages
+// are handed to the agent's handlers in order, on the thread that flushes,
+// one thread at a time.
+class LocalSessionSink final
+    : public SessionSink,
+      public LocalSession,
+      public std::enable_shared_from_this<LocalSessionSink> {
+ public:
+  LocalSessionSink(Impl* impl, LocalRendezvous::Handlers handlers)
+      : impl_(impl), handlers_(std::move(handlers)) {}
+  void set_id(SessionId id) { id_ = id; }
+
+  void Enqueue(v1::ServerMessage message) override {
+    absl::MutexLock lock(&mu_);
+    if (!finish_) out_.push_back(std::move(message));
+  }
+  void EnqueueFinish(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    if (!finish_) finish_ = status;
+  }
+  void Flush() override {
+    // The agent may drop its last reference from within its handlers.
+    const std::shared_ptr<LocalSessionSink> self = shared_from_this();
+    {
+      absl::MutexLock lock(&mu_);
+      // The thread flushing already delivers what was queued meanwhile.
+      if (flushing_ || done_) return;
+      flushing_ = true;
+    }
+    while (true) {
+      std::deque<v1::ServerMessage> batch;
+      bool finish = false;
+      absl::Status status;
+      {
+        absl::MutexLock lock(&mu_);
+        if (out_.empty()) {
+          flushing_ = false;
+          if (!finish_) return;
+          done_ = finish = true;
+          status = *finish_;
+        } else {
+          batch.swap(out_);
+        }
+      }
+      if (finish) {
+        // As gRPC's OnDone: the service forgets the session, then the
+        // agent learns its end.
+        impl_->OnSessionDone(id_);
+        if (handlers_.on_done) handlers_.on_done(status);
+        return;
+      }
+      for (const v1::ServerMessage& message : batch) {
+        if (handlers_.on_message) handlers_.on_message(message);
+      }
+    }
+  }
+  void EndAtShutdown() override {
+    EnqueueFinish(absl::UnavailableError("the rendezvous shut down"));
+    Flush();
+  }
+
+  void Send(const v1::AgentMessage& message) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (left_ || finish_) return;
+    }
+    // The hosting agent speaks with the service's own credentials.
+    impl_->OnSessionMessage(id_, Access{}, message);
+  }
+  void Leave() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (left_) return;
+      left_ = true;
+    }
+    // As a half-close or a broken stream: the node has left.
+    impl_->OnSessionClosed(id_);
+    EnqueueFinish(absl::OkStatus());
+    Flush();
+  }
+
+ private:
+  Impl* const impl_;
+  const LocalRendezvous::Handlers handlers_;
+  SessionId id_ = 0;  // set before it is shared
+
+  absl::Mutex mu_;
+  std::deque<v1::ServerMessage> out_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> finish_ ABSL_GUARDED_BY(mu_);
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class RendezvousService final : public v1::Rendezvous::CallbackService {
@@ -418,8 +560,6 @@ absl::Status Impl::Start() {
                      " reaches beyond loopback, so a token is required "
                      "(ctrund --token-file FILE)"));
   }
-  auto credentials = MakeServerCredentials(options_.tls);
-  if (!credentials.ok()) return credentials.status();
   bool group_commits = false;
   {
     absl::MutexLock lock(&mu_);
@@ -427,27 +567,38 @@ absl::Status Impl::Start() {
     group_commits = durable_ && durable_->CommitsOverNetwork();
   }
 
-  const size_t max_message =
-      options_.max_message_bytes > 0
-          ? options_.max_message_bytes
-          : 2 * options_.limits.store.max_value_bytes + (64 << 10);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options_.listen.ToString(), *credentials, &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
-  SetListenerArguments(&builder);
   services_.push_back(std::make_unique<RendezvousService>(this));
   services_.push_back(std::make_unique<StoreService>(this));
   services_.push_back(std::make_unique<AdminService>(this));
-  for (auto& service : services_) builder.RegisterService(service.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options_.listen.ToString(),
-                     " (address in use, or not an address of this machine)"));
-  }
   bound_ = options_.listen;
-  bound_.port = port;
+  if (options_.start_grpc_on_first_connection && !options_.tls) {
+    auto listeners = ListenOn(options_.listen);
+    if (!listeners.ok()) return listeners.status();
+    listeners_ = std::move(listeners->fds);
+    bound_.port = listeners->port;
+    wake_acceptor_ = eventfd(0, EFD_CLOEXEC);
+    if (wake_acceptor_ < 0) {
+      for (int fd : listeners_) close(fd);
+      listeners_.clear();
+      return absl::InternalError(
+          absl::StrCat("eventfd: ", std::strerror(errno)));
+    }
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  } else {
+    auto credentials = MakeServerCredentials(options_.tls);
+    if (!credentials.ok()) return credentials.status();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen.ToString(), *credentials, &port);
+    Configure(&builder);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", options_.listen.ToString(),
+                       " (address in use, or not an address of this machine)"));
+    }
+    bound_.port = port;
+  }
   if (options_.metrics) {
     options_.metrics->SetHolding([this] {
       absl::MutexLock lock(&mu_);
@@ -463,6 +614,57 @@ absl::Status Impl::Start() {
   return absl::OkStatus();
 }
 
+void Impl::Configure(grpc::ServerBuilder* builder) {
+  const size_t max_message =
+      options_.max_message_bytes > 0
+          ? options_.max_message_bytes
+          : 2 * options_.limits.store.max_value_bytes + (64 << 10);
+  builder->SetMaxReceiveMessageSize(static_cast<int>(max_message));
+  SetListenerArguments(builder);
+  for (auto& service : services_) builder->RegisterService(service.get());
+}
+
+void Impl::AcceptLoop() {
+  std::vector<pollfd> polled;
+  for (int fd : listeners_) polled.push_back({fd, POLLIN, 0});
+  polled.push_back({wake_acceptor_, POLLIN, 0});
+  while (true) {
+    if (poll(polled.data(), polled.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("the rendezvous stops accepting connections: poll: {}",
+                    std::strerror(errno));
+      return;
+    }
+    if (polled.back().revents != 0) return;  // Shutdown
+    for (size_t i = 0; i + 1 < polled.size(); ++i) {
+      if (polled[i].revents == 0) continue;
+      int fd;
+      while ((fd = accept4(polled[i].fd, nullptr, nullptr,
+                           SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+        HandOver(fd);
+      }
+    }
+  }
+}
+
+void Impl::HandOver(int fd) {
+  const int on = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  if (server_ == nullptr) {
+    grpc::ServerBuilder builder;
+    Configure(&builder);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) {
+      spdlog::error(
+          "cannot start the rendezvous' gRPC server; connection "
+          "refused");
+      close(fd);
+      return;
+    }
+  }
+  grpc::AddInsecureChannelFromFd(server_.get(), fd);  // it owns fd now
+}
+
 void Impl::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
@@ -470,11 +672,26 @@ void Impl::Shutdown() {
     stopping_ = true;
   }
   if (options_.metrics) options_.metrics->SetHolding(nullptr);
+  if (acceptor_.joinable()) {
+    const uint64_t one = 1;
+    (void)!write(wake_acceptor_, &one, sizeof one);
+    acceptor_.join();
+  }
+  for (int fd : listeners_) close(fd);
+  listeners_.clear();
+  if (wake_acceptor_ >= 0) close(wake_acceptor_);
+  wake_acceptor_ = -1;
   if (server_) {
     // Open sessions never end by themselves: cancel them right away.
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
   }
+  std::vector<std::shared_ptr<SessionSink>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, sink] : sessions_) open.push_back(sink);
+  }
+  for (const auto& sink : open) sink->EndAtShutdown();
   if (timer_.joinable()) timer_.join();
   if (committer_.joinable()) {
     {
@@ -568,6 +785,24 @@ std::shared_ptr<SessionReactor> Impl::NewSession(
   }
   reactor->Begin(reactor);
   return reactor;
+}
+
+std::shared_ptr<LocalSession> Impl::OpenSession(Handlers handlers) {
+  auto sink = std::make_shared<LocalSessionSink>(this, std::move(handlers));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      const SessionId id = next_session_++;
+      sink->set_id(id);
+      sessions_.emplace(id, sink);
+      core_.OnSessionOpened(id, MonotonicNow(),
+                            RendezvousCore::Reach::kService);
+      WakeTimerLocked();
+      return sink;
+    }
+  }
+  sink->EndAtShutdown();
+  return sink;
 }
 
 void Impl::OnSessionMessage(SessionId id, const Access& access,
@@ -682,7 +917,7 @@ Delivery Impl::StageLocked(Effects& effects) {
   JournalJobsLocked(effects);
   Delivery delivery;
   auto reactor_of = [this](SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                        mu_) -> std::shared_ptr<SessionReactor> {
+                        mu_) -> std::shared_ptr<SessionSink> {
     auto it = sessions_.find(id);
     return it == sessions_.end() ? nullptr : it->second;
   };
@@ -1033,6 +1268,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
 }
 
 const Endpoint& RendezvousServer::endpoint() const { return impl_->endpoint(); }
+
+LocalRendezvous* RendezvousServer::local() { return impl_.get(); }
 
 void RendezvousServer::Shutdown() { impl_->Shutdown(); }
 

@@ -2,8 +2,9 @@
 // RendezvousCore, listening on one address.
 //
 // Used by the `ctrund` daemon and by agents that host the rendezvous
-// in-process. All logic lives in RendezvousCore; this class adapts gRPC's
-// callback API to it: one mutex guards the core, a single timer thread drives
+// in-process, whose own session reaches it without a transport (local()).
+// All logic lives in RendezvousCore; this class adapts gRPC's callback API
+// (and those local sessions) to it: one mutex guards the core, a single timer thread drives
 // its deadlines, and messages and store completions are delivered after the
 // mutex is released. No RPC parks a thread: waiting store calls are stored
 // callbacks.
@@ -23,6 +24,7 @@
 #include "rendezvous/ops/event_log.h"
 #include "rendezvous/ops/service_metrics.h"
 #include "rendezvous/rpc/endpoint.h"
+#include "rendezvous/rpc/local_rendezvous.h"
 #include "rendezvous/rpc/monotonic_clock.h"
 #include "rendezvous/rpc/munge.h"
 #include "rendezvous/server/listener.h"
@@ -64,6 +66,11 @@ struct ServerOptions {
   FsyncPolicy fsync = FsyncPolicy::kBatch;
   // How long restored nodes have to resume before they count as lost.
   absl::Duration reconnect_grace = absl::Seconds(10);
+  // Without TLS: the service listens itself and starts gRPC at its first
+  // connection, handing it every connection. A hosting agent whose only
+  // client is itself (local()) then never starts gRPC: no thread of it,
+  // none of its memory. With TLS, gRPC listens from the start.
+  bool start_grpc_on_first_connection = false;
   // The largest request the transport accepts; larger ones fail with
   // RESOURCE_EXHAUSTED before reaching the store. 0: twice the value limit
   // plus room for keys.
@@ -86,6 +93,10 @@ class RendezvousServer {
 
   // The bound address, with the actual port.
   const Endpoint& endpoint() const;
+
+  // The service for an agent of this process (local_rendezvous.h). Valid
+  // as long as this server.
+  LocalRendezvous* local();
 
   // Whether the service holds no job (every session has ended), waiting up
   // to `timeout` for that.

@@ -1263,5 +1263,46 @@ TEST_CASE(
   CHECK(c->Wait(kWait) == 0);
 }
 
+// The threads of a process, by name.
+std::multiset<std::string> Threads(pid_t pid) {
+  std::multiset<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", pid, "/task"))) {
+    std::ifstream in(task.path() / "comm");
+    std::string name;
+    std::getline(in, name);
+    names.insert(name);
+  }
+  return names;
+}
+
+// Fails before: the hosting agent's session went over gRPC to its own
+// server, which started gRPC's threads (and touched megabytes of its code)
+// in every run.
+TEST_CASE(
+    "A standalone run starts gRPC only when a worker connects to the store",
+    "[ctrun][integration]") {
+  auto plain =
+      Ctrun({"--standalone", "--nproc_per_node=2"}, "echo up; sleep 2");
+  REQUIRE(plain->WaitForLine("up", kWait));
+  const std::multiset<std::string> own = Threads(plain->pid());
+  INFO(absl::StrJoin(own, ", "));
+  // The agent's loop, its two console threads, the rendezvous' timer and
+  // the thread that accepts connections: no gRPC poller, executor, timer.
+  CHECK(own.size() == own.count("ctrun"));
+  CHECK(plain->Wait(kWait) == 0);
+
+  // A worker that uses the store starts it; the job runs as always.
+  auto store = Ctrun({"--standalone", "--nproc_per_node=2"},
+                     absl::StrCat(WorkerProbePath(), " store && sleep 2"));
+  const auto ready = store->WaitForLine("ok store rank=", kWait);
+  INFO(store->Stderr());
+  REQUIRE(ready);
+  const std::multiset<std::string> with_store = Threads(store->pid());
+  INFO(absl::StrJoin(with_store, ", "));
+  CHECK(with_store.size() > with_store.count("ctrun"));
+  CHECK(store->Wait(kWait) == 0);
+}
+
 }  // namespace
 }  // namespace ctrun::testing

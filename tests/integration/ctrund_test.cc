@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/client/client.h"
+#include "rendezvous/server/rendezvous_server.h"
 #include "tests/support/daemon.h"
 #include "tests/support/session_probe.h"
 
@@ -29,6 +30,114 @@ std::string WriteTempFile(const std::string& content) {
           static_cast<ssize_t>(content.size()));
   close(fd);
   return path;
+}
+
+// What a SessionStream's handlers saw.
+struct Seen {
+  absl::Mutex mu;
+  std::vector<v1::ServerMessage> messages ABSL_GUARDED_BY(mu);
+  std::optional<absl::Status> done ABSL_GUARDED_BY(mu);
+  bool redirected ABSL_GUARDED_BY(mu) = false;
+
+  SessionStream::Handlers Handlers() {
+    SessionStream::Handlers h;
+    h.on_message = [this](const v1::ServerMessage& m) {
+      absl::MutexLock lock(&mu);
+      messages.push_back(m);
+    };
+    h.on_done = [this](const absl::Status& s, bool r) {
+      absl::MutexLock lock(&mu);
+      done = s;
+      redirected = r;
+    };
+    return h;
+  }
+  std::optional<v1::Assignment> Assignment(absl::Duration timeout) {
+    absl::MutexLock lock(&mu);
+    auto assigned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      for (const auto& m : messages) {
+        if (m.has_assignment()) return true;
+      }
+      return false;
+    };
+    if (!mu.AwaitWithTimeout(absl::Condition(&assigned), timeout)) {
+      return std::nullopt;
+    }
+    for (const auto& m : messages) {
+      if (m.has_assignment()) return m.assignment();
+    }
+    return std::nullopt;
+  }
+};
+
+TEST_CASE(
+    "An agent in the server's own process joins without a transport beside "
+    "nodes over gRPC and its session ends as a stream's does",
+    "[ctrund][integration]") {
+  ServerOptions options;
+  options.start_grpc_on_first_connection = true;
+  auto server = RendezvousServer::Start(std::move(options));
+  REQUIRE(server.ok());
+  const std::string endpoint = (*server)->endpoint().ToString();
+  ConnectionOptions to_self;
+  to_self.endpoint = endpoint;
+  to_self.local = (*server)->local();
+  auto self = Connection::Open(to_self);
+  REQUIRE(self.ok());
+
+  JoinSpec spec;
+  spec.job = "mixed";
+  spec.host = "here";
+  spec.min_nodes = 2;
+  spec.max_nodes = 2;
+  Seen here;
+  auto session = SessionStream::Start(*self, MakeJoin(spec), here.Handlers());
+  // A node over gRPC (which starts at its connection) joins the same job.
+  spec.host = "there";
+  ConnectionOptions to_server;
+  to_server.endpoint = endpoint;
+  SessionProbe there(*Connection::Open(to_server), MakeJoin(spec));
+  auto remote = there.NextAssignment(kWait);
+  REQUIRE(remote);
+  auto local = here.Assignment(kWait);
+  REQUIRE(local);
+  CHECK(local->world_size() == 2);
+  CHECK(remote->world_size() == 2);
+  CHECK(local->round() == remote->round());
+  CHECK(local->group_rank() + remote->group_rank() == 1);
+
+  // Leaving ends the session with OK, as a half-close does.
+  session->Close();
+  auto left = session->WaitFor(kWait);
+  REQUIRE(left);
+  CHECK(left->ok());
+  {
+    absl::MutexLock lock(&here.mu);
+    REQUIRE(here.done);
+    CHECK(here.done->ok());
+    CHECK_FALSE(here.redirected);
+  }
+
+  // A cancelled one ends CANCELLED; one still open when the server shuts
+  // down ends UNAVAILABLE.
+  spec.job = "alone";
+  spec.host = "here";
+  spec.min_nodes = spec.max_nodes = 1;
+  Seen cancelled, open;
+  auto first =
+      SessionStream::Start(*self, MakeJoin(spec), cancelled.Handlers());
+  REQUIRE(cancelled.Assignment(kWait));
+  first->Cancel();
+  auto cancel = first->WaitFor(kWait);
+  REQUIRE(cancel);
+  CHECK(absl::IsCancelled(*cancel));
+  spec.job = "open";
+  auto second = SessionStream::Start(*self, MakeJoin(spec), open.Handlers());
+  REQUIRE(open.Assignment(kWait));
+  (*server)->Shutdown();
+  auto shut = second->WaitFor(kWait);
+  REQUIRE(shut);
+  CHECK(absl::IsUnavailable(*shut));
 }
 
 TEST_CASE("A client process killed with kill -9 is lost through its stream",
