@@ -21,8 +21,10 @@ Prints a table and one JSON object per run.
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,6 +87,7 @@ def main():
     parser.add_argument("--give_up", type=float, default=120)
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="ctrun-hang-bench-")
+    atexit.register(shutil.rmtree, tmp, True)  # with the runs' logs
     script = os.path.join(tmp, "worker.py")
     with open(script, "w") as f:
         f.write(WORKER)

@@ -8,9 +8,11 @@ Prints one JSON object.
 """
 
 import argparse
+import atexit
 import json
 import mmap
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -34,6 +36,7 @@ def main():
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="ctrun-heartbeat-bench-")
+    atexit.register(shutil.rmtree, tmp, True)
     board = os.path.join(tmp, "board")
     # The board's layout: worker_lib/include/ctrun/progress_board.h.
     with open(board, "wb") as f:
