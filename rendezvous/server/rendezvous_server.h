@@ -4,10 +4,10 @@
 // Used by the `ctrund` daemon and by agents that host the rendezvous
 // in-process, whose own session reaches it without a transport (local()).
 // All logic lives in RendezvousCore; this class adapts gRPC's callback API
-// (and those local sessions) to it: one mutex guards the core, a single timer thread drives
-// its deadlines, and messages and store completions are delivered after the
-// mutex is released. No RPC parks a thread: waiting store calls are stored
-// callbacks.
+// (and those local sessions) to it: one mutex guards the core, a single timer
+// thread drives its deadlines, and messages and store completions are delivered
+// after the mutex is released. No RPC parks a thread: waiting store calls are
+// stored callbacks.
 //
 // Thread-safe. Destruction shuts the server down.
 #ifndef CTRUN_RENDEZVOUS_SERVER_RENDEZVOUS_SERVER_H_
