@@ -628,6 +628,7 @@ void Impl::AcceptLoop() {
   std::vector<pollfd> polled;
   for (int fd : listeners_) polled.push_back({fd, POLLIN, 0});
   polled.push_back({wake_acceptor_, POLLIN, 0});
+  bool told_out_of_room = false;
   while (true) {
     if (poll(polled.data(), polled.size(), -1) < 0) {
       if (errno == EINTR) continue;
@@ -636,6 +637,7 @@ void Impl::AcceptLoop() {
       return;
     }
     if (polled.back().revents != 0) return;  // Shutdown
+    int out_of_room = 0;  // why accept failed, when for lack of room
     for (size_t i = 0; i + 1 < polled.size(); ++i) {
       if (polled[i].revents == 0) continue;
       int fd;
@@ -643,7 +645,26 @@ void Impl::AcceptLoop() {
                            SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
         HandOver(fd);
       }
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        out_of_room = errno;
+      }
     }
+    if (out_of_room == 0) {
+      told_out_of_room = false;
+      continue;
+    }
+    // The connection stays queued and the listener readable: polling again
+    // at once would spin. Try again a little later (or stop at Shutdown).
+    if (!told_out_of_room) {
+      spdlog::warn(
+          "the rendezvous cannot accept more connections ({}); trying "
+          "again every 100 ms",
+          std::strerror(out_of_room));
+      told_out_of_room = true;
+    }
+    pollfd wake{wake_acceptor_, POLLIN, 0};
+    if (poll(&wake, 1, 100) > 0) return;
   }
 }
 

@@ -1304,5 +1304,58 @@ TEST_CASE(
   CHECK(store->Wait(kWait) == 0);
 }
 
+// CPU ticks (user + system) `pid` has used.
+long CpuTicks(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+// Fails before: the agent's accepting thread polled its listener again at
+// once when accept failed for lack of descriptors, spinning a core for as
+// long as the connections were held.
+TEST_CASE(
+    "A worker that floods the agent's rendezvous port with connections does "
+    "not make it spin and the job ends well",
+    "[ctrun][integration][hostile]") {
+  // The agent may hold 300 descriptors; the worker raises its own limit.
+  const std::string flood =
+      "import os, resource, socket, time\n"
+      "resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))\n"
+      "host, port = os.environ['CTRUN_STORE_ENDPOINT'].rsplit(':', 1)\n"
+      "held = [socket.create_connection((host, int(port))) for _ in "
+      "range(600)]\n"
+      "print('held', len(held), flush=True)\n"
+      "time.sleep(3)\n";
+  std::vector<std::string> argv = {"/usr/bin/prlimit",
+                                   "--nofile=300:4096",
+                                   CtrunPath(),
+                                   "--standalone",
+                                   "--nproc_per_node=1",
+                                   "--no_python",
+                                   "/usr/bin/python3",
+                                   "-c",
+                                   flood};
+  ChildProcess c(argv);
+  const auto held = c.WaitForLine("held 600", kWait);
+  INFO(c.Stderr());
+  REQUIRE(held);
+  absl::SleepFor(absl::Milliseconds(300));
+  const long before = CpuTicks(c.pid());
+  absl::SleepFor(absl::Seconds(2));
+  const long used = CpuTicks(c.pid()) - before;
+  // A spinning thread takes ~2 s (200 ticks) of these 2 s.
+  CHECK(used < 50);
+  CHECK(c.Wait(kWait) == 0);
+}
+
 }  // namespace
 }  // namespace ctrun::testing
