@@ -185,6 +185,7 @@ TEST_CASE(
     CHECK(out.find("]: waited True") != std::string::npos);
     CHECK(out.find("rank0-waited False") != std::string::npos);
     CHECK(out.find("unresolved-passed-on True") != std::string::npos);
+    CHECK(out.find("bad-port-passed-on True") != std::string::npos);
     CHECK(out.find("sum 0 3") != std::string::npos);
     CHECK(out.find("sum 1 3") != std::string::npos);
   }

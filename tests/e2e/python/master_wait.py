@@ -4,9 +4,11 @@ Prints "wrapped R BOOL" (torch's env:// handler is ctrun's), then, on rank
 1, "waited BOOL" (a stand-in for torch's handler, called for rank 1 while
 nothing listens on the master port yet, ran only once a listener came a
 second later), "rank0-waited BOOL" (the same for rank 0: it must not
-wait) and "unresolved-passed-on BOOL" (a master name that does not
-resolve goes to torch at once, not after the wait's time). Then both ranks form a Gloo group, rank 0 half a
-second late, and print "sum R VALUE" of an all-reduce of 1 + rank.
+wait), "unresolved-passed-on BOOL" and "bad-port-passed-on BOOL" (a
+master name that does not resolve, or a port out of range, goes to torch
+at once, not after the wait's time). Then both ranks form a Gloo group,
+rank 0 half a second late, and print "sum R VALUE" of an all-reduce of
+1 + rank.
 """
 import os
 import socket
@@ -70,6 +72,12 @@ if rank == 1 and hasattr(handler, "_ctrun_waits"):
     began = time.monotonic()
     next(wrapped("env://?rank=1&world_size=2", timeout=timedelta(seconds=30)))
     print("unresolved-passed-on %s" % (time.monotonic() - began < 10), flush=True)
+    # So is a port out of range (a socket would take it modulo 65536).
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = "70000"
+    began = time.monotonic()
+    next(wrapped("env://?rank=1&world_size=2", timeout=timedelta(seconds=30)))
+    print("bad-port-passed-on %s" % (time.monotonic() - began < 10), flush=True)
     os.environ.clear()
     os.environ.update(saved)
 

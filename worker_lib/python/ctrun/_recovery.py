@@ -176,8 +176,8 @@ def _await_master(url, timeout):
         host = os.environ["MASTER_ADDR"]
     except (KeyError, ValueError):
         return  # torch names what is missing
-    if rank in ("0", "") or not host:
-        return
+    if rank in ("0", "") or not host or not 0 < port < 65536:
+        return  # rank 0 hosts the store; a bad port is torch's to name
     limit = _FRESH_MASTER_WAIT
     try:
         limit = min(limit, timeout.total_seconds())
@@ -196,7 +196,10 @@ def _patch_env_rendezvous(module):
 
     @functools.wraps(original)
     def env_handler(url, **kwargs):
-        _await_master(url, kwargs.get("timeout"))
+        try:
+            _await_master(url, kwargs.get("timeout"))
+        except Exception:  # the wait is an optimisation: never the failure
+            pass
         return original(url, **kwargs)
 
     env_handler._ctrun_waits = True
