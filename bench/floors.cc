@@ -5,14 +5,24 @@
 //       (posix_spawn, which vforks) and wait for them all. Timed from the
 //       outside like ctrun and torchrun, so it includes this program's own
 //       start and exit.
+//   floors run CMD [ARGS...]
+//       Runs CMD (its output to /dev/null), waits for it and prints one JSON
+//       line: its wall time from start to exit and its peak resident set
+//       (wait4's ru_maxrss, in KiB). Measured from this small process rather
+//       than from Python because ru_maxrss starts at the parent's own peak
+//       when the child was vforked (Python's subprocess and posix_spawn both
+//       vfork): a launcher measured from Python never reads below Python's
+//       ~14 MiB. Its children are counted too.
 //   floors rtt [ROUND_TRIPS]
 //       One byte there and back over a loopback TCP connection, between two
 //       processes, ROUND_TRIPS times (default 20000). Prints one JSON line
 //       with the median and minimum round trip in microseconds.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +52,29 @@ int Spawn(int n) {
       Die("posix_spawn");
   }
   for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  return 0;
+}
+
+int Run(char** argv) {
+  posix_spawn_file_actions_t quiet;
+  posix_spawn_file_actions_init(&quiet);
+  posix_spawn_file_actions_addopen(&quiet, STDOUT_FILENO, "/dev/null", O_WRONLY,
+                                   0);
+  posix_spawn_file_actions_adddup2(&quiet, STDOUT_FILENO, STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid;
+  if (posix_spawnp(&pid, argv[0], &quiet, nullptr, argv, environ) != 0)
+    Die(argv[0]);
+  int status = 0;
+  rusage usage{};
+  if (wait4(pid, &status, 0, &usage) != pid) Die("wait4");
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  const int code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::printf("{\"wall_s\":%.6f,\"maxrss_kib\":%ld,\"exit\":%d}\n", wall,
+              usage.ru_maxrss, code);
   return 0;
 }
 
@@ -100,9 +133,12 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::string_view(argv[1]) == "spawn") {
     return Spawn(std::atoi(argv[2]));
   }
+  if (argc >= 3 && std::string_view(argv[1]) == "run") return Run(argv + 2);
   if (argc >= 2 && std::string_view(argv[1]) == "rtt") {
     return RoundTrips(argc >= 3 ? std::atoi(argv[2]) : 20000);
   }
-  std::fprintf(stderr, "usage: floors spawn N | floors rtt [ROUND_TRIPS]\n");
+  std::fprintf(stderr,
+               "usage: floors spawn N | floors run CMD [ARGS...] | "
+               "floors rtt [ROUND_TRIPS]\n");
   return 2;
 }

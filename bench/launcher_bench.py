@@ -1,14 +1,16 @@
 #!/usr/bin/python3
 """ctrun against torchrun, side by side: start-to-exit and agent memory.
 
-    launcher_bench.py --ctrun build/launcher/ctrun [--floor build/bench/floors]
+    launcher_bench.py --ctrun build/launcher/ctrun --floors build/bench/floors
                       [--runs 5] [--nprocs 1,4,16,64]
 
 Each run launches `--standalone --nproc_per_node=N --no_python true` (N
 workers that exit at once) and measures the wall time from start to exit and
 the launcher's peak resident memory (ru_maxrss from wait4, which covers the
 process and its reaped children; the workers are `true`, so the launcher's
-own peak dominates). torchrun is Debian's, through scripts/torchrun-compat.py
+own peak dominates). Every command runs under `floors run`, which starts it
+and reports both: from Python, ru_maxrss would start at Python's own peak
+(subprocess vforks, and exec keeps the old address space's peak). torchrun is Debian's, through scripts/torchrun-compat.py
 (see there), with --monitor_interval=0.1 as today's torchrun defaults.
 The floor is `floors spawn N`: start N `true` processes and wait for them,
 timed the same way.
@@ -20,7 +22,6 @@ import json
 import os
 import statistics
 import subprocess
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCHRUN = [os.environ.get("PYTHON_EXEC", "/usr/bin/python3"),
@@ -28,16 +29,13 @@ TORCHRUN = [os.environ.get("PYTHON_EXEC", "/usr/bin/python3"),
             "--monitor_interval=0.1"]
 
 
-def measure(cmd):
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
-    return wall, usage.ru_maxrss / 1024.0  # KiB -> MiB
+def measure(floors, cmd):
+    out = subprocess.run([floors, "run"] + cmd, check=True,
+                         capture_output=True, text=True).stdout
+    result = json.loads(out)
+    if result["exit"] != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {result['exit']}")
+    return result["wall_s"], result["maxrss_kib"] / 1024.0  # KiB -> MiB
 
 
 def summary(values):
@@ -49,7 +47,8 @@ def main():
     parser.add_argument("--ctrun", required=True)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--nprocs", default="1,4,16,64")
-    parser.add_argument("--floor", help="the floors program (bench/floors.cc)")
+    parser.add_argument("--floors", required=True,
+                        help="the floors program (bench/floors.cc)")
     args = parser.parse_args()
     launchers = {"ctrun": [args.ctrun], "torchrun": TORCHRUN}
     rows = []
@@ -58,15 +57,15 @@ def main():
                  "true"]
         result = {"bench": "launch", "nproc": n}
         for name, base in launchers.items():
-            samples = [measure(base + flags) for _ in range(args.runs)]
+            samples = [measure(args.floors, base + flags)
+                       for _ in range(args.runs)]
             result[name] = {
                 "wall_s": summary([s[0] for s in samples]),
                 "rss_mib": summary([s[1] for s in samples]),
             }
-        if args.floor:
-            samples = [measure([args.floor, "spawn", str(n)])
-                       for _ in range(args.runs)]
-            result["floor"] = {"wall_s": summary([s[0] for s in samples])}
+        samples = [measure(args.floors, [args.floors, "spawn", str(n)])
+                   for _ in range(args.runs)]
+        result["floor"] = {"wall_s": summary([s[0] for s in samples])}
         print(json.dumps(result), flush=True)
         rows.append(result)
 

@@ -49,7 +49,7 @@ tag() { sed "s/^{/{\"impl\":\"$1\",/"; }
 step() { echo "bench: $*" >&2; }
 
 step "launch and exit, N = 1 4 16 64"
-"$python" bench/launcher_bench.py --ctrun "$ctrun" --floor "$bin/floors" \
+"$python" bench/launcher_bench.py --ctrun "$ctrun" --floors "$bin/floors" \
   --runs "$runs" --nprocs 1,4,16,64 | grep '^{' >"$out/launch.jsonl"
 
 step "multi-node start and recovery"
