@@ -7,6 +7,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -462,6 +466,21 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   return code;
 }
 
+// Ends the process once a launch has cleaned up after itself. Static
+// destructors (gRPC's, protobuf's, the C++ runtime's) would only free memory
+// the kernel takes back anyway, and running them pages in code the run never
+// used: half a MiB of the agent's peak memory.
+[[noreturn]] void ExitSkippingDestructors(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+#if defined(__SANITIZE_ADDRESS__)
+  // What exit would have checked: everything a launch allocated is freed.
+  __lsan_do_leak_check();
+#endif
+  _exit(code);
+}
+
 }  // namespace
 }  // namespace ctrun
 
@@ -517,6 +536,7 @@ int main(int argc, char** argv) {
     std::cout << FormatRendezvousPlan(options, *plan);
     return 0;
   }
-  return Launch(std::move(options), *plan, std::move(*worker_argv),
-                std::move(env));
+  const int code = Launch(std::move(options), *plan, std::move(*worker_argv),
+                          std::move(env));
+  ExitSkippingDestructors(code);
 }
