@@ -572,13 +572,30 @@ class Report:
         def verdict(ok, text):
             return f"**{'met' if ok else 'not met'}**: {text}"
 
+        launches = [r for r in (launch(1), launch(4)) if r]
+        if launches:
+            speeds = [r["torchrun"]["wall_s"][0] / r["ctrun"]["wall_s"][0]
+                      for r in launches]
+            rows.append((
+                "launch to exit ≥ 60× faster than torchrun, N = 1 and 4",
+                verdict(min(speeds) >= 60,
+                        " and ".join(f"{x:.0f}×" for x in speeds))))
+        near = [r for r in self.pick(bench="launch")
+                if r["nproc"] <= 16 and r.get("floor")]
+        if near:
+            over = {r["nproc"]: (r["ctrun"]["wall_s"][0] -
+                                 r["floor"]["wall_s"][0]) * 1000
+                    for r in near}
+            rows.append((
+                "launch to exit within the floor + 10 ms, N ≤ 16",
+                verdict(max(over.values()) <= 10, ", ".join(
+                    f"N = {n}: +{ms:.1f} ms" for n, ms in sorted(
+                        over.items())))))
         if (l4 := launch(4)):
-            speed = l4["torchrun"]["wall_s"][0] / l4["ctrun"]["wall_s"][0]
-            mem = l4["torchrun"]["rss_mib"][0] / l4["ctrun"]["rss_mib"][0]
-            rows.append(("launch to exit ≥ 50× faster than torchrun, N = 4",
-                         verdict(speed >= 50, f"{speed:.0f}×")))
-            rows.append(("agent memory ≥ 20× less than torchrun's",
-                         verdict(mem >= 20, f"{mem:.1f}×")))
+            rss = l4["ctrun"]["rss_mib"][0]
+            mem = l4["torchrun"]["rss_mib"][0] / rss
+            rows.append(("agent memory ≥ 25× less than torchrun's",
+                         verdict(mem >= 25, f"{mem:.1f}× ({rss:.1f} MiB)")))
         rec = {r["bench"]: r for r in self.rows
                if r["bench"] in ("nodes_2", "agent_kill", "worker_kill")}
         if isinstance(rec.get("nodes_2", {}).get("ctrun"), list) and \
@@ -624,12 +641,43 @@ class Report:
                 verdict(hot <= 0.3 and cold is not None and cold / hot >= 5,
                         f"{hot * 1000:.0f} ms" +
                         (f", {cold / hot:.0f}× cold" if cold else ""))))
-        big = [r["all_assigned_ms"] for r in self.pick(
-            bench="rendezvous", impl="ctrun", agents=4096)]
-        if big:
-            med = statistics.median(big)
-            rows.append(("4096 agents all assigned within 1 s",
-                         verdict(med <= 1000, f"{med:.0f} ms")))
+        for agents, limit in ((4096, 500), (16384, 2000)):
+            runs = self.pick(bench="rendezvous", impl="ctrun", agents=agents)
+            if not runs:
+                continue
+            med = statistics.median(r["all_assigned_ms"] for r in runs)
+            rows.append((f"{agents} agents all assigned within "
+                         f"{limit / 1000:g} s",
+                         verdict(med <= limit, f"{med:.0f} ms")))
+        sized = self.pick(bench="rendezvous", impl="ctrun")
+        if sized:
+            top = max(r["agents"] for r in sized)
+            runs = [r for r in sized if r["agents"] == top]
+            cpu = statistics.median(r["daemon_cpu_s"] for r in runs) / top
+            rss = statistics.median(r["daemon_peak_rss_mib"]
+                                    for r in runs) / top
+            rows.append((f"ctrund ≤ 60 µs of CPU and ≤ 10 KiB per agent "
+                         f"({top} agents)",
+                         verdict(cpu <= 60e-6 and rss * 1024 <= 10,
+                                 f"{cpu * 1e6:.0f} µs, "
+                                 f"{rss * 1024:.0f} KiB")))
+        alone = self.pick(bench="etcd-rendezvous", impl="ctrun")
+        on_etcd = self.pick(bench="etcd-rendezvous", impl="ctrun-etcd")
+        if alone and on_etcd:
+            top = max(r["agents"] for r in on_etcd)
+            a = statistics.median(r["all_assigned_ms"] for r in alone
+                                  if r["agents"] == top)
+            e = statistics.median(r["all_assigned_ms"] for r in on_etcd
+                                  if r["agents"] == top)
+            rows.append((f"{top} agents through ctrund on etcd within 1.5× "
+                         "of ctrund alone",
+                         verdict(e <= 1.5 * a, f"{e / a:.2f}×")))
+        sets = [r["ops_per_s"] for r in self.pick(
+            bench="etcd-store", impl="ctrun-etcd", op="set", clients=8)]
+        if sets:
+            med = statistics.median(sets)
+            rows.append(("≥ 5k blocking sets/s, 8 clients, ctrund on a "
+                         "3-member etcd", verdict(med >= 5000, f"{med:.0f}/s")))
         for c in (1, 8):
             a = spread([r["ops_per_s"] for r in self.pick(
                 impl="ctrun", bench="store", op="get", clients=c)])
