@@ -310,7 +310,7 @@ struct WorkerExit {
   bool stopped_on_terminal = false;
   // Its largest resident set, its waited-for children included (wait4's
   // ru_maxrss). Started with vfork, a worker's count begins at the agent's
-  // own (some 15 MiB): below that it reads high.
+  // own (some 9 MiB): below that it reads high.
   uint64_t peak_rss_bytes = 0;
   // For its failure's class (classify_failure.h): its error file's message
   // and its last output lines, as the agent read them when it was reaped.
