@@ -288,7 +288,12 @@ std::string RendezvousCore::JoinTimeoutReason(const Job& job) const {
 void RendezvousCore::BroadcastProgress(Job& job, absl::Time now,
                                        Effects* effects) {
   job.progress_due = false;
-  job.next_progress = now + limits_.progress_interval;
+  const int told = job.CountIn(v1::NodeStatus::JOINED) +
+                   job.CountIn(v1::NodeStatus::PENDING_REJOIN);
+  job.next_progress =
+      now + std::max(limits_.progress_interval,
+                     absl::Seconds(1) * told /
+                         std::max(1, limits_.progress_messages_per_second));
   const v1::Progress progress = MakeProgress(job, nullptr, now);
   for (const auto& [session, node] : job.nodes) {
     if (node.state != v1::NodeStatus::JOINED &&

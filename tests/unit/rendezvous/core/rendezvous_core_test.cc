@@ -24,7 +24,9 @@ using v1::RestartRequired;
 // session.
 class Harness {
  public:
-  explicit Harness(int min_nodes = 2, int max_nodes = 2, int max_restarts = 1) {
+  explicit Harness(int min_nodes = 2, int max_nodes = 2, int max_restarts = 1,
+                   RendezvousLimits limits = {})
+      : core_(limits) {
     settings_.set_min_nodes(min_nodes);
     settings_.set_max_nodes(max_nodes);
     settings_.set_max_restarts(max_restarts);
@@ -360,6 +362,38 @@ TEST_CASE("Jobs waiting below min on one service learn of each other",
   auto later = h.LastProgress(2);
   REQUIRE(later);
   CHECK(later->other_waiting_jobs_size() == 0);
+}
+
+TEST_CASE(
+    "A round of many nodes is told how it stands less often than a small one",
+    "[rendezvous][unit]") {
+  // Nodes keep coming, one every 100 ms, for 6 s: every change would be
+  // told at once if it could. Returns how often node 1 was told.
+  auto told = [&](int already, int messages_per_second) {
+    RendezvousLimits limits;
+    limits.progress_messages_per_second = messages_per_second;
+    Harness h(1000, 1000, 1, limits);
+    SessionId next = 1;
+    for (; next <= already; ++next) h.Join(next, absl::StrCat("n", next));
+    h.Advance(absl::Seconds(1));
+    h.Clear();
+    int times = 0;
+    for (int i = 0; i < 60; ++i, ++next) {
+      h.Join(next, absl::StrCat("n", next));
+      h.Advance(absl::Milliseconds(100));
+      if (h.LastProgress(1)) ++times;
+      h.Clear();
+    }
+    return times;
+  };
+  // Within the rate, once a second (progress_interval).
+  CHECK(told(2, 1000) == 6);
+  // 40 to 100 nodes at 10 messages a second: 4 s apart, then 10.
+  CHECK(told(40, 10) == 1);
+  // 20 to 80: 2 s apart, then about 4.
+  const int between = told(20, 10);
+  CHECK(between >= 2);
+  CHECK(between <= 3);
 }
 
 TEST_CASE("Group ranks follow hints then hostnames", "[rendezvous][unit]") {
