@@ -3,6 +3,7 @@
 // SHA-256's own functions, which OpenSSL 3 marks deprecated in favour of
 // EVP; see HmacSha256 for why they are used.
 #define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/crypto.h>
 #include <openssl/sha.h>
 
 #include <array>
@@ -89,6 +90,7 @@ Sha256Digest Sha256(std::initializer_list<absl::string_view> parts) {
   }
   Sha256Digest digest;
   SHA256_Final(digest.data(), &context);
+  OPENSSL_cleanse(&context, sizeof context);
   return digest;
 }
 
@@ -103,20 +105,25 @@ absl::string_view Bytes(const auto& array) {
 // its start-up, for the one MAC a launch makes.
 Sha256Digest HmacSha256(absl::string_view key, absl::string_view message) {
   constexpr size_t kBlock = SHA256_CBLOCK;
-  std::array<char, kBlock> padded_key{};
+  Sha256Digest hashed_key;
   if (key.size() > kBlock) {
-    const Sha256Digest digest = Sha256({key});
-    std::memcpy(padded_key.data(), digest.data(), digest.size());
-  } else {
-    std::memcpy(padded_key.data(), key.data(), key.size());
+    hashed_key = Sha256({key});
+    key = Bytes(hashed_key);
   }
-  const auto xored = [&](char pad) {
-    std::array<char, kBlock> out;
-    for (size_t i = 0; i < kBlock; ++i) out[i] = padded_key[i] ^ pad;
-    return out;
-  };
-  const Sha256Digest inner = Sha256({Bytes(xored(0x36)), message});
-  return Sha256({Bytes(xored(0x5c)), Bytes(inner)});
+  std::array<char, kBlock> inner_pad, outer_pad;
+  for (size_t i = 0; i < kBlock; ++i) {
+    const char k = i < key.size() ? key[i] : 0;
+    inner_pad[i] = static_cast<char>(k ^ 0x36);
+    outer_pad[i] = static_cast<char>(k ^ 0x5c);
+  }
+  const Sha256Digest inner = Sha256({Bytes(inner_pad), message});
+  const Sha256Digest mac = Sha256({Bytes(outer_pad), Bytes(inner)});
+  // The pads are the key in other words; like OpenSSL's HMAC, leave none
+  // of it behind.
+  OPENSSL_cleanse(hashed_key.data(), hashed_key.size());
+  OPENSSL_cleanse(inner_pad.data(), inner_pad.size());
+  OPENSSL_cleanse(outer_pad.data(), outer_pad.size());
+  return mac;
 }
 
 std::string JobMac(absl::string_view secret, absl::string_view job_id) {
