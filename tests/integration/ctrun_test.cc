@@ -1263,6 +1263,32 @@ TEST_CASE(
   CHECK(c->Wait(kWait) == 0);
 }
 
+// Fails before: the job token's HMAC went through OpenSSL's EVP layer,
+// which first reads OpenSSL's configuration file and builds its provider
+// tables: 1.4 MiB of the agent's memory in every launch.
+TEST_CASE(
+    "A launch makes and checks its job token without starting OpenSSL's "
+    "configuration",
+    "[ctrun][integration]") {
+  // OpenSSL reads OPENSSL_CONF as it starts. A FIFO that nobody writes
+  // holds that read, and whatever made it, for ever.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("ctrun-openssl-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string conf = dir / "openssl.cnf";
+  REQUIRE(mkfifo(conf.c_str(), 0600) == 0);
+  // The agent makes the workers' job token; a worker using the store makes
+  // the agent's server check it (the probe itself reads no configuration).
+  auto c =
+      Ctrun({"--standalone", "--nproc_per_node=2"},
+            absl::StrCat("env -u OPENSSL_CONF ", WorkerProbePath(), " store"),
+            {"OPENSSL_CONF=" + conf});
+  INFO(c->Stderr());
+  CHECK(c->Wait(kWait) == 0);
+  std::filesystem::remove_all(dir);
+}
+
 // The threads of a process, by name.
 std::multiset<std::string> Threads(pid_t pid) {
   std::multiset<std::string> names;
