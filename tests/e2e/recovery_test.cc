@@ -290,6 +290,7 @@ TEST_CASE(
   std::map<int, ChildProcess*> by_rank;
   for (auto& a : active) {
     auto line = a->WaitForLine("enter rank=", kWait);
+    INFO(a->Stderr());
     REQUIRE(line);
     const std::vector<Entry> e = Entries(*line);
     REQUIRE(e.size() == 1);
