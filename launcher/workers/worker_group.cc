@@ -327,6 +327,10 @@ std::vector<WorkerExit> WorkerGroup::Reap() {
       continue;
     }
     it->alive = false;
+    // Its last words are in its pipes now, but the agent's loop may take
+    // the exit before their readability: read them first, so that its
+    // failure is classified (LastLines) on everything it said.
+    DrainPipes(static_cast<size_t>(it - workers_.begin()));
     // What the worker left running in its group goes with it; what a
     // worker in ctrun's group left comes to ctrun (EndStrays).
     if (it->own_group) {
@@ -362,6 +366,16 @@ void WorkerGroup::OnReadable(int fd, absl::Time now) {
 }
 
 void WorkerGroup::OnHangup(int fd) { Read(fd, 0, absl::InfinitePast()); }
+
+void WorkerGroup::DrainPipes(size_t worker) {
+  std::vector<int> fds;
+  for (const auto& [fd, owner] : pipes_) {
+    if (owner.first == worker) fds.push_back(fd);
+  }
+  // At most what a pipe holds (pipe-max-size): a descendant that keeps the
+  // pipe open and writes does not keep the agent here.
+  for (int fd : fds) Read(fd, size_t{1} << 20, absl::InfinitePast());
+}
 
 absl::Time WorkerGroup::PartialDue() const {
   absl::Time due = absl::InfiniteFuture();

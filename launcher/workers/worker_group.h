@@ -91,8 +91,9 @@ class WorkerGroup {
   // Sends `signal` to every live worker's process group (to the worker
   // alone in ctrun's group).
   void Signal(int signal);
-  // Reaps every child that exited; returns the workers among them. What a
-  // worker left running in its group is SIGKILLed.
+  // Reaps every child that exited; returns the workers among them, each
+  // with what was in its pipes read (LastLines). What a worker left
+  // running in its group is SIGKILLed.
   std::vector<WorkerExit> Reap();
   // The pids of the agent's other children reaped since the last call
   // (not workers: gdb reading a hung worker, say).
@@ -159,6 +160,8 @@ class WorkerGroup {
   void AddPipe(int fd, size_t worker, int stream);
   // Reads up to `budget` bytes of `fd` (all there is when 0).
   void Read(int fd, size_t budget, absl::Time now);
+  // Reads all there is now in the pipes of workers_[worker].
+  void DrainPipes(size_t worker);
   void ClosePipe(int fd);
   // The line prefix (--log_line_prefix_template) of a worker.
   std::string Prefix(int local_rank, const std::string& rank,

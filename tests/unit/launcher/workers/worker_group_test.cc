@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -96,6 +97,46 @@ TEST_CASE(
     CHECK(started[0].pid == -1);
     CHECK(started[0].error == "no template to fork from");
     CHECK(spawner.ranks == std::vector<std::string>{"4"});
+  }
+  close(epoll_fd);
+}
+
+// Fails before: the agent took a worker's exit (SIGCHLD) before its
+// stderr's last line was read, and classified a communication failure from
+// what it had read so far ("other").
+TEST_CASE(
+    "A worker's last lines are read when it is reaped, before its output "
+    "is next polled",
+    "[launcher][unit]") {
+  Scratch scratch;
+  Console out(STDOUT_FILENO), err(STDERR_FILENO);
+  WorkerGroupConfig config;
+  config.options.local_world_size = 1;
+  config.worker_argv = {
+      "/bin/sh", "-c",
+      "echo stepping; echo 'RuntimeError: Connection reset by peer' >&2; "
+      "exit 1"};
+  config.run_dir = scratch.dir;
+  config.out = &out;
+  config.err = &err;
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(epoll_fd >= 0);
+  {
+    WorkerGroup group(config, epoll_fd);
+    REQUIRE(group.Start(Round0()).size() == 1);
+    // Only reaping, as when the exit comes first in the agent's loop.
+    std::vector<WorkerExit> exits;
+    for (int i = 0; i < 500 && exits.empty(); ++i) {
+      exits = group.Reap();
+      usleep(10'000);
+    }
+    REQUIRE(exits.size() == 1);
+    CHECK(exits[0].exit_code == 1);
+    const std::vector<std::string> last = group.LastLines(0);
+    CHECK(std::find(last.begin(), last.end(),
+                    "RuntimeError: Connection reset by peer") != last.end());
+    CHECK(std::find(last.begin(), last.end(), "stepping") != last.end());
+    group.Collect();
   }
   close(epoll_fd);
 }
