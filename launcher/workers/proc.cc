@@ -2,10 +2,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -143,23 +146,34 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
   return children;
 }
 
-std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry) {
-  std::vector<pid_t> found;
+int KillProcessesWithEnvironment(const std::string& entry) {
+  int found = 0;
   const pid_t self = getpid();
   ForEachProcess([&](pid_t pid) {
     if (pid == self) return;
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0 && errno == ESRCH) return;  // gone already
     const std::string env =
         ReadProcFile("/proc/" + std::to_string(pid) + "/environ", 1 << 20);
-    size_t start = 0;
-    while (start < env.size()) {
+    bool marked = false;
+    for (size_t start = 0; start < env.size() && !marked;) {
       size_t end = env.find('\0', start);
       if (end == std::string::npos) end = env.size();
-      if (env.compare(start, end - start, entry) == 0) {
-        found.push_back(pid);
-        return;
-      }
+      marked = env.compare(start, end - start, entry) == 0;
       start = end + 1;
     }
+    if (marked) {
+      ++found;
+      // The pidfd names the process whose /proc entry was read, or one
+      // that ended before the read (the signal then goes nowhere). Without
+      // one (a kernel before 5.3, no descriptor left), by pid as before.
+      if (pidfd >= 0) {
+        syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+      } else {
+        kill(pid, SIGKILL);
+      }
+    }
+    if (pidfd >= 0) close(pidfd);
   });
   return found;
 }

@@ -30,10 +30,13 @@ std::optional<uint64_t> ParseOomKill(const std::string& text);
 // The processes whose parent is `parent` now.
 std::vector<pid_t> ChildrenOf(pid_t parent);
 
-// The processes (but this one) whose environment holds the entry
-// `entry` ("NAME=VALUE") exactly. Only processes this one may read are
-// seen.
-std::vector<pid_t> ProcessesWithEnvironment(const std::string& entry);
+// Sends SIGKILL to every process (but this one) whose environment holds
+// the entry `entry` ("NAME=VALUE") exactly; returns how many it found.
+// Each process is held by a pidfd from before its environment is read
+// until it is signalled, so one that ends meanwhile and whose pid goes to
+// another process is never hit (by pid alone on kernels before 5.3). Only
+// processes this one may read are seen.
+int KillProcessesWithEnvironment(const std::string& entry);
 
 // When process `pid` started, in clock ticks since boot (/proc/PID/stat's
 // starttime): with the pid, it names one process even after the pid is

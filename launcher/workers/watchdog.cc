@@ -63,11 +63,10 @@ constexpr int32_t kAllEnded = 0;
   // apart, are.
   int empty_passes = 0;
   for (int pass = 0; pass < 12; ++pass) {
-    const std::vector<pid_t> left = ProcessesWithEnvironment(marked);
-    empty_passes = left.empty() ? empty_passes + 1 : 0;
+    const int left = KillProcessesWithEnvironment(marked);
+    empty_passes = left == 0 ? empty_passes + 1 : 0;
     if (empty_passes == 2) break;
-    for (pid_t pid : left) kill(pid, SIGKILL);
-    usleep(left.empty() ? 2'000 : 20'000);
+    usleep(left == 0 ? 2'000 : 20'000);
   }
   // An agent that exited normally removed it already, or kept it for a
   // reason; one that was killed could not.
