@@ -36,12 +36,26 @@ class RecordingSpawner final : public Spawner {
   ExecSpawner exec;
 };
 
-struct Scratch {
+// What a worker group of `ranks` local ranks needs around it: a scratch run
+// folder, the consoles and an epoll set, all gone with it.
+struct Setup {
   std::string dir =
       absl::StrCat(std::filesystem::temp_directory_path().string(),
                    "/ctrun-group-", getpid());
-  Scratch() { std::filesystem::create_directories(dir); }
-  ~Scratch() { std::filesystem::remove_all(dir); }
+  Console out{STDOUT_FILENO}, err{STDERR_FILENO};
+  WorkerGroupConfig config;
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  explicit Setup(int ranks) {
+    std::filesystem::create_directories(dir);
+    config.options.local_world_size = ranks;
+    config.run_dir = dir;
+    config.out = &out;
+    config.err = &err;
+  }
+  ~Setup() {
+    close(epoll_fd);
+    std::filesystem::remove_all(dir);
+  }
 };
 
 v1::Assignment Round0() {
@@ -60,17 +74,12 @@ TEST_CASE(
     "A worker group starts every worker through its spawner, and stops at "
     "the first the spawner refuses",
     "[launcher][unit]") {
-  Scratch scratch;
-  Console out(STDOUT_FILENO), err(STDERR_FILENO);
+  Setup setup(2);
   RecordingSpawner spawner;
-  WorkerGroupConfig config;
-  config.options.local_world_size = 2;
+  WorkerGroupConfig& config = setup.config;
   config.worker_argv = {"/bin/true"};
-  config.run_dir = scratch.dir;
-  config.out = &out;
-  config.err = &err;
   config.spawner = &spawner;
-  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  const int epoll_fd = setup.epoll_fd;
   REQUIRE(epoll_fd >= 0);
   {
     WorkerGroup group(config, epoll_fd);
@@ -98,7 +107,6 @@ TEST_CASE(
     CHECK(started[0].error == "no template to fork from");
     CHECK(spawner.ranks == std::vector<std::string>{"4"});
   }
-  close(epoll_fd);
 }
 
 // Fails before: the agent took a worker's exit (SIGCHLD) before its
@@ -108,21 +116,14 @@ TEST_CASE(
     "A worker's last lines are read when it is reaped, before its output "
     "is next polled",
     "[launcher][unit]") {
-  Scratch scratch;
-  Console out(STDOUT_FILENO), err(STDERR_FILENO);
-  WorkerGroupConfig config;
-  config.options.local_world_size = 1;
-  config.worker_argv = {
+  Setup setup(1);
+  setup.config.worker_argv = {
       "/bin/sh", "-c",
       "echo stepping; echo 'RuntimeError: Connection reset by peer' >&2; "
       "exit 1"};
-  config.run_dir = scratch.dir;
-  config.out = &out;
-  config.err = &err;
-  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(epoll_fd >= 0);
+  REQUIRE(setup.epoll_fd >= 0);
   {
-    WorkerGroup group(config, epoll_fd);
+    WorkerGroup group(setup.config, setup.epoll_fd);
     REQUIRE(group.Start(Round0()).size() == 1);
     // Only reaping, as when the exit comes first in the agent's loop.
     std::vector<WorkerExit> exits;
@@ -138,35 +139,26 @@ TEST_CASE(
     CHECK(std::find(last.begin(), last.end(), "stepping") != last.end());
     group.Collect();
   }
-  close(epoll_fd);
 }
 
 TEST_CASE(
     "A world file is written whatever a worker left at its temporary name",
     "[launcher][unit]") {
-  Scratch scratch;
-  Console out(STDOUT_FILENO), err(STDERR_FILENO);
-  WorkerGroupConfig config;
-  config.options.local_world_size = 2;
-  config.options.recovery = Recovery::kInProcess;
-  config.run_dir = scratch.dir;
-  config.out = &out;
-  config.err = &err;
-  const std::string agent = scratch.dir + "/.ctrun";
+  Setup setup(2);
+  setup.config.options.recovery = Recovery::kInProcess;
+  const std::string agent = setup.dir + "/.ctrun";
   std::filesystem::create_directories(agent);
   // A FIFO nobody reads (an open for writing would wait for ever), and a
   // link to a file of the agent's.
   REQUIRE(mkfifo((agent + "/world_0.new").c_str(), 0600) == 0);
-  const std::string victim = scratch.dir + "/victim";
+  const std::string victim = setup.dir + "/victim";
   std::ofstream(victim) << "untouched";
   std::filesystem::create_symlink(victim, agent + "/world_1.new");
-  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(epoll_fd >= 0);
+  REQUIRE(setup.epoll_fd >= 0);
   {
-    WorkerGroup group(config, epoll_fd);
+    WorkerGroup group(setup.config, setup.epoll_fd);
     group.HandOver(Round0(), {0, 1});
   }
-  close(epoll_fd);
   for (int lr : {0, 1}) {
     std::ifstream in(agent + "/world_" + std::to_string(lr));
     const std::string text((std::istreambuf_iterator<char>(in)),
