@@ -29,6 +29,7 @@
 #include "launcher/options/worker_command.h"
 #include "launcher/workers/run_directory.h"
 #include "launcher/workers/watchdog.h"
+#include "launcher/workers/worker_process.h"
 #include "rendezvous/client/status_report.h"
 #include "rendezvous/ops/metrics.h"
 #include "rendezvous/rpc/auth.h"
@@ -486,6 +487,7 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
 
 int main(int argc, char** argv) {
   using namespace ctrun;
+  KeepDescriptorsFromWorkers();
   // Debian's Abseil checks lock order on every acquisition; tests keep that
   // on, the launcher does not pay for it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -202,7 +202,10 @@ absl::StatusOr<SpawnedProcess> TemplateSpawner::Fork(
                              strerror(errno)));
   }
   bool gone = false;
-  const std::string answer = Receive(socket_, kAnswerWithinMs, &gone);
+  // The loop waits with the answer, heartbeats included: no longer than a
+  // batch may wait for the imports (heartbeat-safe), then the start is cold.
+  const int answer_within_ms = std::min(kAnswerWithinMs, config_.wait_ms);
+  const std::string answer = Receive(socket_, answer_within_ms, &gone);
   pid_t pid = 0;
   if (!absl::StartsWith(answer, "pid ") ||
       !absl::SimpleAtoi(answer.substr(4), &pid) || pid <= 0) {
@@ -211,7 +214,10 @@ absl::StatusOr<SpawnedProcess> TemplateSpawner::Fork(
                                answer.substr(6)));
     }
     return fail(gone ? "the template interpreter exited"
-                     : "the template interpreter did not answer within 5s");
+                     : absl::StrCat("the template interpreter did not answer "
+                                    "within ",
+                                    absl::FormatDuration(
+                                        absl::Milliseconds(answer_within_ms))));
   }
   // The worker is the agent's child now (the template's middle process
   // has exited): its group is set from both sides, as SpawnWorker does.

@@ -47,7 +47,9 @@ struct TemplateConfig {
   bool optional = false;
   EnvMap env;  // the template's environment
   // How long one batch of starts may wait for the imports (at most
-  // kReadyWithinMs).
+  // kReadyWithinMs), and one start for the template's answer (at most
+  // kAnswerWithinMs): the agent's loop, heartbeats included, waits with
+  // them, so the agent sets it well inside the heartbeat timeout.
   int wait_ms = 30000;
   // Says a line (once per cause) when warm starts are off.
   std::function<void(const std::string&)> say;
@@ -55,7 +57,8 @@ struct TemplateConfig {
 
 class TemplateSpawner final : public Spawner {
  public:
-  // How long the template may take to answer a start before it is given up.
+  // How long the template may take to answer a start before it is given up
+  // (or TemplateConfig::wait_ms, when less).
   static constexpr int kAnswerWithinMs = 5000;
   // How long the template may take to import before warm starts end.
   static constexpr int kReadyWithinMs = 30000;

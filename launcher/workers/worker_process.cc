@@ -1,5 +1,6 @@
 #include "launcher/workers/worker_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/mempolicy.h>
 #include <sched.h>
@@ -68,6 +69,19 @@ absl::Status OpenWorkerOutput(int fds[2], bool terminal, int window_from) {
   if (terminal) return OpenTerminalPipe(fds, window_from);
   if (pipe2(fds, O_CLOEXEC) != 0) return SystemError("pipe");
   return absl::OkStatus();
+}
+
+void KeepDescriptorsFromWorkers() {
+  if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  // Kernels before 5.11: one by one, as /proc lists them.
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  const int own = dirfd(dir);
+  while (const dirent* entry = readdir(dir)) {
+    const int fd = atoi(entry->d_name);
+    if (fd > 2 && fd != own) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  closedir(dir);
 }
 
 absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,

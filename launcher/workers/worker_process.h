@@ -49,6 +49,14 @@ absl::StatusOr<SpawnedProcess> SpawnWorker(const std::vector<std::string>& argv,
                                            const EnvMap& env,
                                            const SpawnOptions& options = {});
 
+// Marks every descriptor above stderr that this process inherited
+// close-on-exec, so that none reaches a worker (or anything else it
+// starts): torchrun's workers get stdin, stdout and stderr only, not a
+// wrapper's lock or a CI runner's pipe. Call it first thing in main; what
+// ctrun hands a worker on purpose (its output, the template's socket) it
+// hands on explicitly.
+void KeepDescriptorsFromWorkers();
+
 // A worker's stdout or stderr channel, as SpawnWorker makes it: fds[0] the
 // read end (ctrun's, close-on-exec), fds[1] the worker's; a pipe, or with
 // `terminal` a pseudo-terminal in raw mode sized as `window_from`.

@@ -9,6 +9,7 @@
 #include <map>
 #include <regex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/support/child_process.h"
@@ -131,6 +132,145 @@ TEST_CASE("A warm worker and its children end when the agent is killed",
   const int left = alive();
   for (pid_t pid : pids) kill(pid, SIGKILL);  // nothing left either way
   CHECK(left == 0);
+}
+
+// A folder of its own for modules to preload, removed at the end.
+struct ModuleDir {
+  explicit ModuleDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             absl::StrCat("ctrun-", name, "-", getpid())) {
+    std::filesystem::create_directories(path);
+  }
+  ~ModuleDir() { std::filesystem::remove_all(path); }
+  std::string python_path() const { return "PYTHONPATH=" + path; }
+  const std::string path;
+};
+
+// Fails before: the forked worker waited for its middle parent's exit with
+// 20,000 sched_yield()s, then exited 127 (read as the script's error); the
+// exit of a parent holding gigabytes takes longer.
+TEST_CASE("Warm workers of a template holding gigabytes run their script",
+          "[ctrun][e2e]") {
+  ModuleDir dir("big-template");
+  // 3 GiB, every page written: the middle parent's exit unmaps them all.
+  std::ofstream(dir.path + "/ballast.py")
+      << "import mmap\n"
+         "data = mmap.mmap(-1, 3 << 30, flags=mmap.MAP_PRIVATE | "
+         "mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)\n";
+  // The first attempt (cold: the template still imports) fails once the
+  // template had time; the restart's workers are forked from it.
+  std::ofstream(dir.path + "/job.py")
+      << "import os, sys, time\n"
+         "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+         "    time.sleep(8)\n"
+         "    sys.exit(3)\n"
+         "print('second attempt, warm', 'ballast' in sys.modules, "
+         "flush=True)\n";
+  ChildProcess p({CtrunPath(), "--nproc_per_node=2", "--max_restarts=1",
+                  "--preload=ballast", dir.path + "/job.py"},
+                 {kPython, dir.python_path()});
+  const std::string out = p.ReadAll(kWait);
+  INFO(out << p.Stderr());
+  CHECK(p.Wait(kWait) == 0);
+  CHECK(absl::StrContains(out, "]: second attempt, warm True"));
+  CHECK(out.find("second attempt, warm True") !=
+        out.rfind("second attempt, warm True"));
+  CHECK_FALSE(absl::StrContains(p.Stderr(), "warm starts are off"));
+  CHECK_FALSE(absl::StrContains(p.Stderr(), "exitcode   : 127"));
+}
+
+// Fails before: a start waited up to 5 s for the template's answer on the
+// agent's loop, which sends the heartbeats; with a 3 s heartbeat timeout
+// the node was lost.
+TEST_CASE(
+    "A template that stops answering costs a start its warmth, never the "
+    "node",
+    "[ctrun][e2e]") {
+  ModuleDir dir("stopped-template");
+  // The first attempt's rank 0 stops the template (the agent's child whose
+  // stdout is /dev/null), then the attempt fails: the restart asks the
+  // stopped template for its workers.
+  std::ofstream(dir.path + "/job.py")
+      << "import os, signal, sys, time\n"
+         "if os.environ['TORCHELASTIC_RESTART_COUNT'] != '0':\n"
+         "    print('second attempt', flush=True)\n"
+         "    sys.exit(0)\n"
+         "if os.environ['LOCAL_RANK'] == '0':\n"
+         "    time.sleep(2)  # the template says it is ready\n"
+         "    agent = str(os.getppid())\n"
+         "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+         "        try:\n"
+         "            stat = open('/proc/%s/stat' % pid).read()\n"
+         "            out = os.readlink('/proc/%s/fd/1' % pid)\n"
+         "        except OSError:\n"
+         "            continue\n"
+         "        if stat.rsplit(')', 1)[1].split()[1] == agent and "
+         "out == '/dev/null':\n"
+         "            os.kill(int(pid), signal.SIGSTOP)\n"
+         "            print('stopped the template', flush=True)\n"
+         "    sys.exit(1)\n"
+         "time.sleep(60)  # ended by the restart\n";
+  ChildProcess p(
+      {CtrunPath(), "--nproc_per_node=2", "--max_restarts=1", "--preload=wave",
+       "--rdzv_conf=heartbeat_timeout=3,keep_alive_interval=1",
+       dir.path + "/job.py"},
+      {kPython});
+  const std::string out = p.ReadAll(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  CHECK(p.Wait(kWait) == 0);
+  CHECK(absl::StrContains(out, "stopped the template"));
+  CHECK(out.find("second attempt") != out.rfind("second attempt"));
+  CHECK(absl::StrContains(err,
+                          "warm starts are off: the template interpreter did "
+                          "not answer within 1s"));
+  CHECK_FALSE(absl::StrContains(err, "lost"));
+}
+
+// Fails before: the template's stdout was a pipe nobody read, closed: the
+// module's print raised BrokenPipeError and warm starts were off.
+TEST_CASE("A preloaded module that prints as it loads keeps warm starts on",
+          "[ctrun][e2e]") {
+  ModuleDir dir("printing-module");
+  std::ofstream(dir.path + "/chatty.py")
+      << "import sys\n"
+         "print('chatty loads', flush=True)\n"
+         "print('chatty warns', file=sys.stderr, flush=True)\n"
+         "import wave\n";
+  auto p = Run({"--preload=chatty"}, {"stay"}, {dir.python_path()});
+  const std::string out = p->ReadAll(kWait);
+  INFO(out << p->Stderr());
+  CHECK(p->Wait(kWait) == 0);
+  int warm = 0;
+  CHECK(Probes(out, &warm).size() == 2);
+  CHECK(warm == 2);
+  CHECK(p->Stderr().find("warm starts are off") == std::string::npos);
+}
+
+// Fails before: a descriptor ctrun's caller left open (a wrapper's flock, a
+// CI runner's pipe) reached every worker; torchrun's get 0, 1 and 2 only.
+TEST_CASE("A descriptor the caller left open reaches no worker, cold or warm",
+          "[ctrun][e2e]") {
+  ModuleDir dir("inherited-fd");
+  const std::string held = dir.path + "/held-by-the-caller";
+  std::ofstream(held) << "lock\n";
+  for (const std::string preload : {"", "--preload=wave"}) {
+    std::vector<std::string> argv = {
+        "/bin/sh", "-c",        "exec 7<\"$0\"; exec \"$@\"",
+        held,      CtrunPath(), "--nproc_per_node=2"};
+    if (!preload.empty()) argv.push_back(preload);
+    argv.push_back(Probe());
+    argv.push_back("stay");
+    ChildProcess p(argv, {kPython});
+    const std::string out = p.ReadAll(kWait);
+    INFO(preload << "\n" << out << p.Stderr());
+    REQUIRE(p.Wait(kWait) == 0);
+    int warm = 0;
+    CHECK(Probes(out, &warm).size() == 2);
+    CHECK(warm == (preload.empty() ? 0 : 2));
+    CHECK(out.find("fds [") != std::string::npos);
+    CHECK(out.find(held) == std::string::npos);
+  }
 }
 
 TEST_CASE("A template that cannot fork soundly turns warm starts off, once",

@@ -16,17 +16,24 @@ MODULE ARGS...
 
 The worker is the template's grandchild: its parent exits at once, so the
 worker is reparented to the agent (a child subreaper), which reaps it as
-any worker. Nothing here writes to stdout or stderr: the template's are
-closed by the agent.
+any worker. The template's own stdout and stderr go to /dev/null (the agent
+reads neither): a preloaded module that prints as it loads must not break
+it.
 """
 
 import ctypes
 import os
+import signal
 import socket
 import sys
+import time
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61
+# How long a worker waits to be handed to the agent: its middle parent's
+# exit tears down a copy of the template's address space, which takes a
+# while for a template of gigabytes.
+_HANDOVER_WITHIN = 60.0
 
 
 def _threads():
@@ -73,15 +80,10 @@ def _become(fields, fds, agent):
     env = fields[6 + argc : 6 + argc + envc]
     os.setpgid(0, 0 if own_group else agent_pgid)
     libc = ctypes.CDLL(None, use_errno=True)
-    # Reparented to the agent (a subreaper) once our parent is gone; only
-    # then is a parent-death signal the agent's.
-    for _ in range(20000):
-        if os.getppid() == agent:
-            break
-        os.sched_yield()
+    _await_agent(agent)
     libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
-    if os.getppid() != agent:
-        os._exit(127)
+    if os.getppid() != agent:  # the agent died since: as its signal would
+        os.kill(os.getpid(), signal.SIGKILL)
     libc.prctl(_PR_SET_PTRACER, agent, 0, 0, 0)
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
@@ -104,6 +106,30 @@ def _become(fields, fds, agent):
     except Exception:
         pass
     _run(argv)
+
+
+def _await_agent(agent):
+    """Returns once this process is the agent's child: reparented to it (a
+    subreaper) as the middle parent's exit completes; only then is a
+    parent-death signal the agent's. The exit of a parent holding gigabytes
+    takes a while, so the wait is bounded by time, yielding at first and
+    then sleeping. A worker that is never handed over (the agent is gone, or
+    the middle parent never ends) dies by SIGKILL, as the agent's death
+    would have ended it: never with an exit code that reads as its script's
+    error."""
+    middle = os.getppid()
+    start = time.monotonic()
+    while True:
+        parent = os.getppid()
+        if parent == agent:
+            return
+        waited = time.monotonic() - start
+        if parent != middle or waited > _HANDOVER_WITHIN:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if waited < 0.01:
+            os.sched_yield()
+        else:
+            time.sleep(min(waited / 10, 0.01))
 
 
 def _trimmed(tb):
@@ -208,6 +234,11 @@ def _fork(fds):
 
 
 def main():
+    # Whatever the imports print goes nowhere, and never breaks them.
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
     sock = socket.socket(fileno=int(sys.argv[1]))
     agent = os.getppid()
     why = _preload(sys.argv[2].split(","), len(sys.argv) > 3 and sys.argv[3] == "optional")

@@ -4,7 +4,8 @@ Prints one line "probe {json}": whether `wave` was imported before the
 script ran (a warm start preloading it), argv, __file__, sys.path[0], the
 working directory, a few variables, signal dispositions and mask, whether
 the worker leads its own process group and whether its parent is the
-agent. Then, by argv: "exit N" exits N on rank 1, "raise" raises on rank 1,
+agent; then "fds [...]": what its descriptors above 2 point to. Then, by
+argv: "exit N" exits N on rank 1, "raise" raises on rank 1,
 "term" has rank 1 SIGTERM itself, "child" starts `sleep 300` and waits.
 """
 import sys
@@ -36,6 +37,13 @@ probe = {
     "stdout_tty": sys.stdout.isatty(),
 }
 print("probe " + json.dumps(probe, sort_keys=True), flush=True)
+fds = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        fds.append(os.readlink("/proc/self/fd/" + fd) if int(fd) > 2 else None)
+    except OSError:  # the listing's own descriptor, closed by now
+        pass
+print("fds " + json.dumps(sorted(f for f in fds if f)), flush=True)
 rank = os.environ.get("RANK")
 what = sys.argv[1] if len(sys.argv) > 1 else ""
 if rank == "1" and what == "exit":
