@@ -520,7 +520,8 @@ int main(int argc, char** argv) {
     return RunStatus(*command, env);
   }
   LaunchOptions& options = command->options;
-  auto worker_argv = ResolveWorkerCommand(options, env);
+  const std::string ctrun_dir = OwnExecutableDirectory();
+  auto worker_argv = ResolveWorkerCommand(options, env, ctrun_dir);
   if (!worker_argv.ok()) {
     return Fail(std::string(worker_argv.status().message()), kUsageError);
   }
@@ -530,7 +531,7 @@ int main(int argc, char** argv) {
   }
   if (options.dry_run) {
     std::cout << FormatLaunchPlan(options, *worker_argv);
-    if (const PythonChoice python = FindPython(env);
+    if (const PythonChoice python = FindPython(env, ctrun_dir);
         !python.path.empty() && (*worker_argv)[0] == python.path) {
       std::cout << "  python: " << python.path << " (from " << python.source
                 << ")\n";

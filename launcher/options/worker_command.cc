@@ -52,10 +52,24 @@ std::string TorchrunInterpreter(const std::string& torchrun) {
 
 }  // namespace
 
-PythonChoice FindPython(const EnvMap& env) {
+PythonChoice FindPython(const EnvMap& env, const std::string& ctrun_dir) {
   if (auto it = env.find(env::kPythonExec);
       it != env.end() && !it->second.empty()) {
     return {FindProgram(it->second, env), "PYTHON_EXEC", it->second};
+  }
+  // pip installed ctrun into an environment's bin: its Python is the one
+  // the user installed torch for, activated or not.
+  if (!ctrun_dir.empty()) {
+    const std::string root =
+        std::filesystem::path(ctrun_dir).parent_path().string();
+    std::error_code ec;
+    if (std::filesystem::exists(root + "/pyvenv.cfg", ec) ||
+        std::filesystem::is_directory(root + "/conda-meta", ec)) {
+      const std::string python = ctrun_dir + "/python3";
+      if (IsExecutableFile(python)) {
+        return {python, "the environment ctrun is installed in", python};
+      }
+    }
   }
   for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
     if (auto it = env.find(var); it != env.end() && !it->second.empty()) {
@@ -74,14 +88,22 @@ PythonChoice FindPython(const EnvMap& env) {
   return {FindProgram("python3", env), "PATH", "python3"};
 }
 
+std::string OwnExecutableDirectory() {
+  std::error_code ec;
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "" : self.parent_path().string();
+}
+
 absl::StatusOr<std::vector<std::string>> ResolveWorkerCommand(
-    const LaunchOptions& options, const EnvMap& env) {
+    const LaunchOptions& options, const EnvMap& env,
+    const std::string& ctrun_dir) {
   const std::string& entry = options.entrypoint;
   const bool python =
       options.module || (!options.no_python && absl::EndsWith(entry, ".py"));
   std::vector<std::string> argv;
   if (python) {
-    const PythonChoice python = FindPython(env);
+    const PythonChoice python = FindPython(env, ctrun_dir);
     if (python.path.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("Python interpreter '", python.name, "' not found",

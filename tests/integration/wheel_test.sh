@@ -24,7 +24,7 @@ version=$("$build_dir/launcher/ctrun" --version | awk '{print $2}')
   fail "the wheel's name does not carry version $version and a glibc tag"
 
 # A fresh environment; torch comes from the system (Debian's python3-torch).
-python3 -m venv --system-site-packages "$work/venv"
+/usr/bin/python3 -m venv --system-site-packages "$work/venv"
 "$work/venv/bin/pip" install --quiet --no-index "$wheel" ||
   fail "pip install --no-index refused the wheel"
 venv=$work/venv
@@ -60,6 +60,23 @@ out=$(timeout 180 ctrun --standalone --nproc_per_node=2 \
   --log_line_prefix_template= train.py 2>&1) || fail "the PyTorch job: $out"
 [ "$(grep -c 'wheel rank [01] of 2 sum 3' <<<"$out")" = 2 ] ||
   fail "the PyTorch job's output: $out"
+
+# The environment's ctrun run by its path, not activated (a batch script):
+# its workers run under the environment's Python, as torchrun's would by
+# its #! line. Fails before: /usr/bin/python3 ran them.
+plan=$(env -u VIRTUAL_ENV PATH=/usr/bin:/bin "$venv/bin/ctrun" --dry_run \
+  --nproc_per_node=1 train.py) || fail "--dry_run by path: $plan"
+grep -qF "python: $venv/bin/python3 (from the environment ctrun is installed in)" \
+  <<<"$plan" || fail "--dry_run by path names another Python: $plan"
+cat >"$work/prefix.py" <<'PY'
+import sys
+print("worker prefix", sys.prefix)
+PY
+out=$(env -u VIRTUAL_ENV PATH=/usr/bin:/bin timeout 120 "$venv/bin/ctrun" \
+  --standalone --nproc_per_node=1 --log_line_prefix_template= prefix.py 2>&1) ||
+  fail "a job by the environment's ctrun's path: $out"
+grep -qxF "worker prefix $venv" <<<"$out" ||
+  fail "the workers of the environment's ctrun run another Python: $out"
 
 # ctrund serving a 2-node job.
 start_ctrund ctrund --listen=127.0.0.1:0

@@ -41,6 +41,22 @@ TEST_CASE("Python is the one torch's environment would use",
   const PythonChoice torchrun = FindPython({{"PATH", path}});
   CHECK(torchrun.path == env_python);
   CHECK(torchrun.source == "the #! line of " + dir + "/bin/torchrun");
+  // ctrun run by its path from an environment's bin (pip installed it
+  // there) takes that environment's Python, before an activated one's;
+  // from any other folder, it changes nothing.
+  const std::string own_venv = dir + "/own/bin";
+  executable(own_venv + "/python3", "#!/bin/sh\n");
+  std::ofstream(dir + "/own/pyvenv.cfg") << "home = /usr/bin\n";
+  const PythonChoice own =
+      FindPython({{"PATH", path}, {"VIRTUAL_ENV", dir + "/venv"}}, own_venv);
+  CHECK(own.path == own_venv + "/python3");
+  CHECK(own.source == "the environment ctrun is installed in");
+  CHECK(
+      FindPython({{"PATH", path}, {"VIRTUAL_ENV", dir + "/venv"}}, dir + "/bin")
+          .path == venv_python);
+  CHECK(
+      FindPython({{"PATH", path}, {"PYTHON_EXEC", "/bin/sh"}}, own_venv).path ==
+      "/bin/sh");
   std::filesystem::remove(dir + "/bin/torchrun");
   // (this machine's own torchrun, if any, is off this PATH)
   CHECK(FindPython({{"PATH", dir + "/bin"}}).path == dir + "/bin/python3");
