@@ -40,7 +40,7 @@ def main():
     board = os.path.join(tmp, "board")
     # The board's layout: worker_lib/include/ctrun/progress_board.h.
     with open(board, "wb") as f:
-        f.write(b"CTRUNPB2" + struct.pack("<II", 1, 128) + bytes(64 - 16 + 128))
+        f.write(b"CTRUNPB3" + struct.pack("<II", 1, 128) + bytes(64 - 16 + 128))
     os.environ["CTRUN_PROGRESS_FILE"] = board
     os.environ["CTRUN_PROGRESS_SLOT"] = "0"
     sys.path.insert(0, os.path.join(HERE, "..", "worker_lib", "python"))

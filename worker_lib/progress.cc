@@ -45,6 +45,13 @@ Slot* MapSlot() {
   const char* path = std::getenv(env::kProgressFile);
   const char* slot_text = std::getenv(env::kProgressSlot);
   if (path == nullptr || slot_text == nullptr) return nullptr;
+  // A child that a Python worker started inherits the slot's variables and
+  // the worker's pid (ctrun's module sets it): the slot is the worker's.
+  if (const char* owner = std::getenv(env::kProgressOwner);
+      owner != nullptr && *owner != '\0' &&
+      std::strtol(owner, nullptr, 10) != getpid()) {
+    return nullptr;
+  }
   char* end = nullptr;
   const long index = std::strtol(slot_text, &end, 10);
   if (*slot_text == '\0' || *end != '\0' || index < 0) return nullptr;
@@ -71,9 +78,13 @@ Slot* MapSlot() {
   pthread_atfork(nullptr, nullptr, ForgetSlotInChild);
   // Exiting (static destructors, atexit handlers) is not a step.
   std::atexit(Done);
-  return reinterpret_cast<Slot*>(
-      static_cast<char*>(map) + progress::kHeaderSize +
-      static_cast<size_t>(index) * progress::kSlotSize);
+  auto* slot =
+      reinterpret_cast<Slot*>(static_cast<char*>(map) + progress::kHeaderSize +
+                              static_cast<size_t>(index) * progress::kSlotSize);
+  // This process reports now: a done said by one before it is taken back.
+  slot->owner.store(getpid(), std::memory_order_relaxed);
+  slot->flags.fetch_and(~progress::kDone, std::memory_order_release);
+  return slot;
 }
 
 Slot* TheSlot() {
@@ -218,7 +229,10 @@ void Heartbeat() {
 bool ProgressReported() { return TheSlot() != nullptr; }
 
 void Done() {
-  if (Slot* slot = TheSlot()) {
+  Slot* slot = TheSlot();
+  // A process that took the slot after this one reports for it now.
+  if (slot != nullptr &&
+      slot->owner.load(std::memory_order_relaxed) == getpid()) {
     slot->flags.fetch_or(progress::kDone, std::memory_order_release);
   }
 }

@@ -383,6 +383,78 @@ TEST_CASE("ctrun's sitecustomize runs the one it hides, as Python would have",
   std::filesystem::remove_all(dir);
 }
 
+// Fails before: each copy of ctrun's sitecustomize passed over only its own
+// folder, so the two copies of a ctrun run inside a ctrun worker chained to
+// each other until Python's recursion limit, and the sitecustomize they
+// hide never ran.
+TEST_CASE(
+    "Two copies of ctrun's sitecustomize on the path run the one they hide, "
+    "once",
+    "[hang][e2e]") {
+  const std::string dir = LogDir("sitecustomize-twice");
+  for (const char* copy : {"/outer", "/inner"}) {
+    std::filesystem::copy(SourceDir() + "/worker_lib/python", dir + copy,
+                          std::filesystem::copy_options::recursive);
+  }
+  std::filesystem::create_directories(dir + "/other");
+  std::ofstream(dir + "/other/sitecustomize.py")
+      << "print('the other sitecustomize ran', flush=True)\n";
+  ChildProcess p({"/usr/bin/python3", "-c",
+                  "import sys; print(sys.modules['sitecustomize'].__file__); "
+                  "print('ctrun' in sys.modules)"},
+                 {absl::StrCat("PYTHONPATH=", dir, "/outer:", dir,
+                               "/inner:", dir, "/other")});
+  const std::string out = p.ReadAll(absl::Seconds(60));
+  INFO(p.Stderr());
+  REQUIRE(p.Wait(absl::Seconds(10)) == 0);
+  CHECK(out == "the other sitecustomize ran\n" + dir +
+                   "/other/sitecustomize.py\nTrue\n");
+  CHECK(p.Stderr().empty());
+
+  // The real thing: ctrun inside a ctrun worker, whose Python worker has
+  // both agents' copies on its path.
+  std::ofstream(dir + "/inner.py")
+      << "import os, sys\n"
+         "print('inner', 'ctrun' in sys.modules, '.ctrun' in "
+         "os.path.realpath(sys.modules['sitecustomize'].__file__), "
+         "flush=True)\n";
+  const auto [nested_out, nested_err, code] = RunToEnd(
+      {CtrunPath(), "--standalone", "--nproc_per_node=1", "--no_python",
+       CtrunPath(), "--standalone", "--nproc_per_node=1", dir + "/inner.py"});
+  INFO(nested_out << nested_err);
+  CHECK(code == 0);
+  CHECK(absl::StrContains(nested_out, "inner True False"));
+  CHECK_FALSE(absl::StrContains(nested_err, "Error in sitecustomize"));
+  CHECK_FALSE(absl::StrContains(nested_err, "RecursionError"));
+  std::filesystem::remove_all(dir);
+}
+
+// Fails before: the version check took the slot and said done at its exit;
+// train.py's hang was never seen (the job ended 0 after the sleep).
+TEST_CASE(
+    "A wrapper's short first Python command leaves hang detection on for "
+    "the next",
+    "[hang][e2e]") {
+  const std::string dir = LogDir("wrapper");
+  std::ofstream(dir + "/train.py") << "import time\n"
+                                      "import ctrun\n"
+                                      "ctrun.heartbeat()\n"
+                                      "time.sleep(30)  # hung\n";
+  const auto [out, err, code] = RunToEnd(
+      {CtrunPath(), "--standalone", "--nproc_per_node=1", "--hang_timeout=2",
+       "--hang_warmup=0", "--hang_evidence_timeout=0", "--no_python", "/bin/sh",
+       "-c",
+       absl::StrCat(
+           "/usr/bin/python3 -c 'import sys; print(sys.version_info[0])'; "
+           "/usr/bin/python3 ",
+           dir, "/train.py")});
+  INFO(out << err);
+  CHECK(absl::StrContains(out, "]: 3"));
+  CHECK(code == 124);
+  CHECK(absl::StrContains(err, "is hung: no progress for"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE(
     "A worker's spawned Python child leaves the worker's progress slot alone",
     "[hang][e2e]") {

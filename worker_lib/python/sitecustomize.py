@@ -16,15 +16,33 @@ def _ctrun_chain():
     import os
     import sys
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
-        return
+    # Every folder that holds a copy of ctrun's (this one, and an outer
+    # ctrun's when a worker runs ctrun in turn) is passed over: two copies
+    # would chain to each other for ever.
+    rest = list(sys.path)
+    while True:
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+        if spec is None or spec.loader is None or not spec.origin:
+            return
+        if not _is_ctrun_copy(spec.origin):
+            break
+        found = os.path.dirname(os.path.abspath(spec.origin))
+        rest = [p for p in rest if os.path.abspath(p or os.curdir) != found]
     module = importlib.util.module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     # An error in it is reported by site.py as for any sitecustomize.
     spec.loader.exec_module(module)
+
+
+def _is_ctrun_copy(path):
+    try:
+        with open(path, "rb") as f:
+            return _MARK in f.read(1 << 16)
+    except OSError:
+        return False
+
+
+_MARK = b"ctrun's sitecustomize, on the PYTHONPATH of every Python worker"
 
 
 try:

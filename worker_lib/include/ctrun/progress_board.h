@@ -9,7 +9,7 @@
 // workers' PYTHONPATH write the same layout; this header is its definition.
 //
 // Layout (little-endian, native alignment):
-//   offset 0   char magic[8] = "CTRUNPB2"
+//   offset 0   char magic[8] = "CTRUNPB3"
 //          8   u32 slot_count
 //         12   u32 slot_size = 128
 //         16   u32 stop_state     a coordinated stop (ctrun
@@ -41,10 +41,20 @@
 //                                 worker has formed again; 0 before any
 //         72   i64 left_ns        CLOCK_MONOTONIC when it took round_left
 //         80   i64 ready_ns       CLOCK_MONOTONIC when it formed round_ready
-//         88   char section[40]   innermost open section, NUL-terminated
+//         88   char section[32]   innermost open section, NUL-terminated
+//        120   i32 owner          the pid of the process that took the slot
+//                                 last; only it sets kDone
+//        124   u32 reserved
+//
+// A process takes its slot as it maps it: it writes its pid into `owner`
+// and clears kDone. A worker that is a wrapper (`sh -c "python3 -c ...;
+// python3 train.py"`) runs several processes one after another on one
+// slot: the first one's exit says done, and the next one's start takes
+// that back.
 //
 // Version 2 ("CTRUNPB2") made room for the round fields in version 1's
-// section name (64 bytes); a writer finding another magic does nothing. The
+// section name (64 bytes); version 3 took the owner from version 2's (40
+// bytes). A writer finding another magic does nothing. The
 // stop fields took header bytes that were zero before (kStopOff).
 #ifndef CTRUN_PROGRESS_BOARD_H_
 #define CTRUN_PROGRESS_BOARD_H_
@@ -55,10 +65,10 @@
 
 namespace ctrun::progress {
 
-inline constexpr char kMagic[8] = {'C', 'T', 'R', 'U', 'N', 'P', 'B', '2'};
+inline constexpr char kMagic[8] = {'C', 'T', 'R', 'U', 'N', 'P', 'B', '3'};
 inline constexpr size_t kHeaderSize = 64;
 inline constexpr size_t kSlotSize = 128;
-inline constexpr size_t kSectionNameSize = 40;  // with its NUL
+inline constexpr size_t kSectionNameSize = 32;  // with its NUL
 
 // Slot flags.
 // The innermost open section was entered as untimed (a checkpoint): no hang
@@ -68,7 +78,7 @@ inline constexpr uint32_t kUntimed = 1u << 0;
 // appending them to its CTRUN_STACKS_FILE.
 inline constexpr uint32_t kStacksOnSignal = 1u << 1;
 // The worker sends no more progress signals (its loop ended; it is exiting):
-// no hang timeout runs for it any more.
+// no hang timeout runs for it any more. Set by the slot's owner only.
 inline constexpr uint32_t kDone = 1u << 2;
 // The worker recovers in process (ctrun.resilient, or worker_lib's
 // re-creatable communicator): under --recovery=inprocess the agent keeps it
@@ -125,11 +135,14 @@ struct Slot {
   std::atomic<int64_t> left_ns;
   std::atomic<int64_t> ready_ns;
   char section[kSectionNameSize];
+  std::atomic<int32_t> owner;
+  uint32_t reserved;
 };
 static_assert(sizeof(Slot) == kSlotSize);
 static_assert(offsetof(Slot, round_left) == 64);
 static_assert(offsetof(Slot, left_ns) == 72);
 static_assert(offsetof(Slot, section) == 88);
+static_assert(offsetof(Slot, owner) == 120);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 }  // namespace ctrun::progress

@@ -56,10 +56,10 @@ __all__ = [
     "cmake_prefix_path",
 ]
 
-_MAGIC = b"CTRUNPB2"
+_MAGIC = b"CTRUNPB3"
 _HEADER = 64
 _SLOT = 128
-_NAME = 40
+_NAME = 32
 # Slot flags.
 _UNTIMED = 1
 _STACKS_ON_SIGNAL = 2
@@ -82,6 +82,7 @@ _FLAGS_OFFSET = 56
 _ROUNDS_OFFSET = 64  # u32 round_left, u32 round_ready
 _ROUND_TIMES = 9  # word: i64 left_ns, then i64 ready_ns
 _NAME_OFFSET = 88
+_OWNER_OFFSET = 120  # i32: the pid that took the slot last
 
 _words = None  # memoryview of the board as signed 64-bit words
 _map = None
@@ -104,6 +105,9 @@ def done():
     checkpoint, tearing down, exiting) is not timed. Called by itself at
     exit; call it once the training loop is over."""
     if _map is None:
+        return
+    # A process that took the slot after this one reports for it now.
+    if struct.unpack_from("<i", _map, _offset + _OWNER_OFFSET)[0] != os.getpid():
         return
     flags, sig = struct.unpack_from("<II", _map, _offset + _FLAGS_OFFSET)
     struct.pack_into("<II", _map, _offset + _FLAGS_OFFSET, flags | _DONE_FLAG, sig)
@@ -321,6 +325,11 @@ def _attach():
     _map = m
     os.environ["CTRUN_PROGRESS_PID"] = str(os.getpid())
     _offset = _HEADER + index * _SLOT
+    # This process reports now: a done said by one before it (a wrapper's
+    # earlier command) is taken back.
+    struct.pack_into("<i", m, _offset + _OWNER_OFFSET, os.getpid())
+    flags, sig = struct.unpack_from("<II", m, _offset + _FLAGS_OFFSET)
+    struct.pack_into("<II", m, _offset + _FLAGS_OFFSET, flags & ~_DONE_FLAG, sig)
     _base = _offset // 8
     _words = memoryview(m).cast("q")
     if hasattr(os, "register_at_fork"):
