@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,17 @@ namespace ctrun {
 namespace {
 
 constexpr size_t kMaxOutput = 64 * 1024;
+// Once the command has exited, its output still in the pipe is read for at
+// most this long (a process it left behind may keep the pipe open).
+constexpr absl::Duration kDrainAfterExit = absl::Milliseconds(200);
+
+// Whether `child` has exited, without reaping it.
+bool Exited(pid_t child) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(child), &info,
+                WEXITED | WNOHANG | WNOWAIT) != 0 ||
+         info.si_pid == child;
+}
 
 }  // namespace
 
@@ -64,33 +76,56 @@ absl::StatusOr<std::string> RunBriefly(const std::vector<std::string>& argv,
         absl::StrCat("cannot run ", command, ": ", strerror(rc)));
   }
   if (running != nullptr) running->store(child);
+  // The command's end is its exit, not the end of its output: a process it
+  // left in the background may hold the pipe for ever. Its exit is seen
+  // through a pidfd (which works whoever reaps it), or, on kernels before
+  // 5.3, by polling for it.
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, child, 0));
   std::string output;
   const absl::Time deadline = absl::Now() + timeout;
-  bool timed_out = false;
+  absl::Time drain_until = absl::InfiniteFuture();
+  bool timed_out = false, exited = false;
   for (;;) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline && !exited) {
       timed_out = true;
       break;
     }
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready =
-        poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
+    if (now >= drain_until) break;
+    pollfd p[2] = {{fds[0], POLLIN, 0}, {pidfd, POLLIN, 0}};
+    const absl::Duration left = std::min(deadline, drain_until) - now;
+    int wait_ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+    if (pidfd < 0 && !exited) wait_ms = std::min(wait_ms, 10);
+    const int ready = poll(p, pidfd < 0 ? 1 : 2, wait_ms);
+    if (ready < 0 && errno != EINTR) break;
+    if (!exited && (pidfd >= 0 ? p[1].revents != 0 : Exited(child))) {
+      // What it wrote before it exited is in the pipe: read that, briefly.
+      exited = true;
+      drain_until = absl::Now() + kDrainAfterExit;
+    }
+    if (ready <= 0 || p[0].revents == 0) continue;
     char buffer[4096];
     const ssize_t n = read(fds[0], buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // EOF: the command closed its output
+    if (n <= 0) {
+      if (exited) break;  // all of it read
+      // End of output before the exit: wait for the exit alone.
+      close(fds[0]);
+      fds[0] = -1;
+      continue;
+    }
     // The end is what matters (a health check's last line and status):
     // the first bytes give way.
     output.append(buffer, static_cast<size_t>(n));
     if (output.size() > 2 * kMaxOutput)
       output.erase(0, output.size() - kMaxOutput);
   }
-  close(fds[0]);
+  if (fds[0] >= 0) close(fds[0]);
+  if (pidfd >= 0) close(pidfd);
   if (output.size() > kMaxOutput) output.erase(0, output.size() - kMaxOutput);
-  if (timed_out) kill(-child, SIGKILL);
+  // Whatever it left running ends with it (its process group, which the
+  // unreaped command still holds, so the id names no other group).
+  kill(-child, SIGKILL);
   int status = 0;
   pid_t waited;
   while ((waited = waitpid(child, &status, 0)) < 0 && errno == EINTR) {

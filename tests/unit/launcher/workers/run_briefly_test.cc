@@ -1,7 +1,11 @@
 #include "launcher/workers/run_briefly.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
@@ -38,6 +42,38 @@ TEST_CASE("A brief command that runs too long is killed, with its children",
   CHECK(absl::Now() - start < absl::Seconds(5));
   REQUIRE_FALSE(slow.ok());
   CHECK(absl::StrContains(slow.status().message(), "did not end within 300ms"));
+}
+
+// Fails before: the output was read to its end, which the background
+// process held for 60 s; the check then failed as too slow, and its host
+// was quarantined although the check had exited 0.
+TEST_CASE(
+    "A command that leaves a process in the background ends at its exit, "
+    "and the process with it",
+    "[run_briefly][unit]") {
+  auto ok = RunBriefly({"/bin/sh", "-c", "sleep 60 & echo bg $!; echo done"},
+                       absl::Seconds(20));
+  REQUIRE(ok.ok());
+  CHECK(absl::StartsWith(*ok, "bg "));
+  CHECK(absl::EndsWith(*ok, "\ndone\n"));
+  const pid_t left = std::stoi(ok->substr(3));
+  // Its process group was killed; the sleep is reaped by whoever adopted
+  // it (a zombie at most).
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  auto alive = [left] {
+    std::ifstream stat("/proc/" + std::to_string(left) + "/stat");
+    std::string pid, comm, state;
+    return stat >> pid >> comm >> state && state != "Z";
+  };
+  while (alive() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
+  CHECK_FALSE(alive());
+  if (alive()) kill(left, SIGKILL);
+
+  CHECK(RunHealthCommand("sleep 60 >/dev/null 2>&1 & sleep 60 & echo ok",
+                         absl::Seconds(20))
+            .empty());
+  CHECK(RunHealthCommand("sleep 60 & exit 4", absl::Seconds(20)) ==
+        "`sleep 60 & exit 4` exited 4");
 }
 
 TEST_CASE("A health command passes on exit 0 and fails naming its last line",
