@@ -317,12 +317,18 @@ int Agent::Run() {
   AgentEffects effects;
   policy_.Start(MonotonicNow(), &effects);
   Apply(std::move(effects));
+  absl::Time refresh_mark_at = MonotonicNow() + kMarkRefreshInterval;
   while (!exit_code_) {
     Poll(std::min(
-        {policy_.NextDeadline(), workers_->PartialDue(),
+        {policy_.NextDeadline(), workers_->PartialDue(), refresh_mark_at,
          evidence_ ? evidence_->NextDue() : absl::InfiniteFuture(),
          gpu_watch_ ? gpu_watch_->NextDue() : absl::InfiniteFuture()}));
     workers_->ShowPartials(MonotonicNow());
+    if (MonotonicNow() >= refresh_mark_at) {
+      // A live agent's run folder is never taken for a killed one's.
+      RefreshRunDirectoryMark(config_.workers.run_dir);
+      refresh_mark_at = MonotonicNow() + kMarkRefreshInterval;
+    }
     if (exit_code_) break;
     if (gpu_watch_ && MonotonicNow() >= gpu_watch_->NextDue()) ReadGpus();
     if (evidence_ && !evidence_->done() && evidence_->Step(MonotonicNow())) {

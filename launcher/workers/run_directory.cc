@@ -75,12 +75,23 @@ bool ReplaceFile(const std::string& path, const std::string& text) {
   return true;
 }
 
+std::string PidScope() {
+  std::string boot = "unknown-boot";
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  std::error_code ec;
+  std::string pid_namespace =
+      std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
+  if (ec || pid_namespace.empty()) pid_namespace = "unknown-pidns";
+  return absl::StrCat(boot, " ", pid_namespace);
+}
+
 absl::Status MarkRunDirectory(const std::string& dir) {
   const std::string agent_dir = absl::StrCat(dir, "/", kAgentFolder);
   std::error_code ec;
   std::filesystem::create_directories(agent_dir, ec);
   std::ofstream mark(agent_dir + "/agent");
-  mark << getpid() << " " << ProcessStartTime(getpid()) << "\n";
+  mark << getpid() << " " << ProcessStartTime(getpid()) << " " << PidScope()
+       << "\n";
   if (ec || !mark.flush()) {
     return absl::InternalError(
         absl::StrCat("cannot mark the run directory ", dir, " as this run's"));
@@ -88,9 +99,17 @@ absl::Status MarkRunDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
+void RefreshRunDirectoryMark(const std::string& dir) {
+  if (dir.empty()) return;
+  // Never follows a link a worker may have put there.
+  utimensat(AT_FDCWD, absl::StrCat(dir, "/", kAgentFolder, "/agent").c_str(),
+            nullptr, AT_SYMLINK_NOFOLLOW);
+}
+
 std::vector<std::string> RemoveStaleRunDirectories(const std::string& tmp,
                                                    absl::Duration min_age) {
   std::vector<std::string> removed;
+  const std::string scope = PidScope();
   DIR* dir = opendir(tmp.c_str());
   if (dir == nullptr) return removed;
   const absl::Time now = absl::Now();
@@ -104,14 +123,18 @@ std::vector<std::string> RemoveStaleRunDirectories(const std::string& tmp,
         st.st_uid != geteuid() || lstat(mark.c_str(), &st) != 0 ||
         // A worker can write in its run directory: anything but a plain
         // file there (a FIFO would block this read) is not a mark.
-        !S_ISREG(st.st_mode) || st.st_size > 64 ||
+        !S_ISREG(st.st_mode) || st.st_size > 256 ||
         now - absl::FromTimeT(st.st_mtime) < min_age) {
       continue;
     }
     long long pid = 0;
     unsigned long long started = 0;
+    std::string boot, pid_namespace;
     std::ifstream in(mark);
-    if (!(in >> pid >> started) || pid <= 0) continue;
+    if (!(in >> pid >> started >> boot >> pid_namespace) || pid <= 0 ||
+        absl::StrCat(boot, " ", pid_namespace) != scope) {
+      continue;  // its pid names no process here
+    }
     if (ProcessStartTime(static_cast<pid_t>(pid)) == started) continue;
     std::error_code ec;
     std::filesystem::remove_all(folder, ec);

@@ -27,12 +27,23 @@ std::string RunFolderName(absl::string_view run_id);
 absl::StatusOr<std::string> MakeRunDirectory(const std::string& log_dir,
                                              absl::string_view run_id);
 
-// Marks temporary run directory `dir` as this process's: its pid and start
-// time in `dir`/.ctrun/agent. The agent removes .ctrun as it ends (and with
-// it the mark), whether it then removes the run directory or keeps it for
-// what it holds and says where; a mark outlives only an agent killed before
-// it could clean up.
+// Marks temporary run directory `dir` as this process's: in
+// `dir`/.ctrun/agent its pid, its start time and where that pid means
+// something (this boot's id and this pid namespace). The agent removes
+// .ctrun as it ends (and with it the mark), whether it then removes the run
+// directory or keeps it for what it holds and says where; a mark outlives
+// only an agent killed before it could clean up. While the agent lives it
+// refreshes the mark's time (RefreshRunDirectoryMark) every
+// kMarkRefreshInterval.
 absl::Status MarkRunDirectory(const std::string& dir);
+inline constexpr absl::Duration kMarkRefreshInterval = absl::Minutes(1);
+void RefreshRunDirectoryMark(const std::string& dir);
+
+// Where a pid names a process: this boot's id and this process's pid
+// namespace, one word each ("BOOT PIDNS"). A temporary folder shared by
+// containers, or by nodes (a TMPDIR on a shared file system), holds marks
+// whose pids name processes elsewhere.
+std::string PidScope();
 
 // Writes `text` to `path` in a folder the workers may write too, replacing
 // it whole: whatever stands at the temporary name `path`.new (a FIFO that
@@ -42,10 +53,13 @@ absl::Status MarkRunDirectory(const std::string& dir);
 bool ReplaceFile(const std::string& path, const std::string& text);
 
 // The ctrun-XXXXXX folders in `tmp` whose mark names an agent that is gone
-// (no such process, or another one that took its pid) and was made at least
-// `min_age` ago, removed whole. Folders without a mark (kept on purpose: an
-// error file, hang evidence the agent pointed at) and folders of runs still
-// going are never touched. Returns the folders removed.
+// (no such process, or another one that took its pid) and was last
+// refreshed at least `min_age` ago, removed whole. Only what this process
+// can prove dead goes: a mark of another boot, host or pid namespace (or of
+// an older ctrun, which said none) is never acted on. Folders without a
+// mark (kept on purpose: an error file, hang evidence the agent pointed at)
+// and folders of runs still going are never touched. Returns the folders
+// removed.
 std::vector<std::string> RemoveStaleRunDirectories(
     const std::string& tmp, absl::Duration min_age = absl::Minutes(5));
 

@@ -388,14 +388,15 @@ class MetricsEndpoint::Server {
         }
       }
       Expire();
+      if (accept_again_at_ != absl::InfiniteFuture()) ResumeAccepting();
     }
   }
 
   int NextTimeoutMs() const {
-    if (connections_.empty()) return -1;
-    absl::Time first = absl::InfiniteFuture();
+    absl::Time first = accept_again_at_;
     for (const auto& [fd, c] : connections_)
       first = std::min(first, c.deadline);
+    if (first == absl::InfiniteFuture()) return -1;
     const int64_t ms = absl::ToInt64Milliseconds(first - absl::Now()) + 1;
     return static_cast<int>(std::clamp<int64_t>(ms, 0, 60'000));
   }
@@ -404,7 +405,17 @@ class MetricsEndpoint::Server {
     for (;;) {
       const int fd =
           accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or out of descriptors: try later
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+            errno == ENOMEM) {
+          // The connection stays queued and the listener readable (the
+          // set is level-triggered): out of the set until a little later,
+          // or this thread would spin.
+          epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+          accept_again_at_ = absl::Now() + MetricsEndpoint::kAcceptAgainAfter;
+        }
+        return;  // EAGAIN: all taken
+      }
       if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
         CloseOldest();
       }
@@ -414,6 +425,16 @@ class MetricsEndpoint::Server {
       epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
       connections_[fd] = Connection{absl::Now() + kRequestTimeout, {}, {}, 0};
     }
+  }
+
+  // Puts the listener back in the set once its pause is over.
+  void ResumeAccepting() {
+    if (accept_again_at_ > absl::Now()) return;
+    accept_again_at_ = absl::InfiniteFuture();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = listen_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
   }
 
   void Handle(int fd) {
@@ -510,6 +531,8 @@ class MetricsEndpoint::Server {
   const int listen_fd_, epoll_fd_, wake_fd_;
   // Owned by the thread while it runs.
   std::map<int, Connection> connections_;
+  // While out of descriptors: when the listener goes back in the set.
+  absl::Time accept_again_at_ = absl::InfiniteFuture();
   std::thread thread_;
 };
 

@@ -64,10 +64,13 @@ class RendezvousMetrics final : public ServiceMetrics {
 // descriptor, never the thread, so scrapes are answered while hundreds of
 // them sit open. Each connection gets kRequestTimeout to send its request
 // and its answer; beyond kMaxConnections the oldest is closed. One request
-// per connection (HTTP/1.0 style, `Connection: close`).
+// per connection (HTTP/1.0 style, `Connection: close`). Out of
+// descriptors, it stops accepting for kAcceptAgainAfter at a time (the
+// waiting connections stay queued) instead of spinning on the listener.
 class MetricsEndpoint {
  public:
   static constexpr int kMaxConnections = 512;
+  static constexpr absl::Duration kAcceptAgainAfter = absl::Milliseconds(100);
   static constexpr absl::Duration kRequestTimeout = absl::Seconds(10);
   static constexpr size_t kMaxRequestBytes = 8192;
 

@@ -11,10 +11,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/workers/proc.h"
+#include "launcher/workers/run_directory.h"
 #include "rendezvous/ops/metrics.h"
 #include "rendezvous/rpc/endpoint.h"
 #include "tests/support/child_process.h"
@@ -225,6 +227,69 @@ TEST_CASE("Idle connections do not keep scrapes from the metrics endpoint",
   for (int fd : idle) close(fd);
 }
 
+// CPU ticks (user + system) `pid` has used.
+long CpuTicks(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  long ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stol(field);
+  }
+  return ticks;
+}
+
+// Fails before: the listener stayed readable in the level-triggered set
+// while accept failed for lack of descriptors, and the thread spun.
+TEST_CASE(
+    "ctrund's metrics endpoint out of descriptors does not spin, and "
+    "serves again once they are back",
+    "[hostile][integration]") {
+  ChildProcess daemon({"/usr/bin/prlimit", "--nofile=120:120", CtrundPath(),
+                       "--listen", "127.0.0.1:0", "--metrics-listen",
+                       "127.0.0.1:0"});
+  REQUIRE(daemon.StderrContains("metrics on http://", kWait));
+  const std::string said = daemon.Stderr();
+  const size_t at = said.find("metrics on http://127.0.0.1:");
+  REQUIRE(at != std::string::npos);
+  const int port = std::stoi(said.substr(at + 28));
+  // More connections than the daemon has descriptors for; they wait in
+  // the listener's queue.
+  std::vector<int> held;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      close(fd);
+      break;  // the queue is full
+    }
+    held.push_back(fd);
+  }
+  INFO(held.size() << " connections held");
+  REQUIRE(held.size() > 120);
+  absl::SleepFor(absl::Milliseconds(300));
+  const long before = CpuTicks(daemon.pid());
+  absl::SleepFor(absl::Seconds(2));
+  const long used = CpuTicks(daemon.pid()) - before;
+  // A spinning thread takes ~2 s (200 ticks) of these 2 s.
+  CHECK(used < 50);
+  for (int fd : held) close(fd);
+  // With its descriptors back it answers again.
+  absl::StatusOr<std::string> body;
+  for (int i = 0; i < 50 && !body.ok(); ++i) {
+    body = HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(2));
+    if (!body.ok()) absl::SleepFor(absl::Milliseconds(200));
+  }
+  CHECK(body.ok());
+  daemon.Signal(SIGTERM);
+  CHECK(daemon.Wait(kWait) == 0);
+}
+
 TEST_CASE("ctrun status names an address that never speaks gRPC",
           "[hostile][integration]") {
   // A listener that takes connections and says nothing (the kernel
@@ -249,17 +314,19 @@ TEST_CASE("ctrun status names an address that never speaks gRPC",
 }
 
 // A run folder in `tmp` as ctrun leaves it: with its agent's mark (pid,
-// start time) made `age` ago, or without one (kept on purpose).
+// start time, where the pid means something: `scope`, this process's by
+// default) made `age` ago, or without one (kept on purpose).
 std::string LeftFolder(const std::string& tmp, const std::string& name,
                        std::optional<std::pair<pid_t, unsigned long long>> mark,
-                       absl::Duration age) {
+                       absl::Duration age,
+                       const std::string& scope = PidScope()) {
   const std::string dir = tmp + "/" + name;
   std::filesystem::create_directories(dir + "/hang_round_0");
   std::ofstream(dir + "/hang_round_0/rank0.python.txt") << "a stack\n";
   if (mark) {
     std::filesystem::create_directories(dir + "/.ctrun");
     std::ofstream(dir + "/.ctrun/agent")
-        << mark->first << " " << mark->second << "\n";
+        << mark->first << " " << mark->second << " " << scope << "\n";
     std::filesystem::last_write_time(
         dir + "/.ctrun/agent",
         std::filesystem::file_time_type::clock::now() -
@@ -286,6 +353,19 @@ TEST_CASE(
       LeftFolder(tmp, "ctrun-kept00", std::nullopt, absl::Hours(1));
   const std::string running =
       LeftFolder(tmp, "ctrun-runnin", alive, absl::Minutes(10));
+  // Marks whose pids name processes elsewhere: another boot (another node
+  // sharing this folder), another pid namespace (another container), an
+  // older ctrun's that said neither. Fails before: all three went.
+  const std::string scope = PidScope();
+  const std::string pid_namespace = scope.substr(scope.find(' ') + 1);
+  const std::string other_boot =
+      LeftFolder(tmp, "ctrun-otherb", dead, absl::Minutes(10),
+                 "00000000-0000-0000-0000-000000000000 " + pid_namespace);
+  const std::string other_namespace =
+      LeftFolder(tmp, "ctrun-otherp", dead, absl::Minutes(10),
+                 scope.substr(0, scope.find(' ')) + " pid:[1]");
+  const std::string unscoped =
+      LeftFolder(tmp, "ctrun-unscop", dead, absl::Minutes(10), "");
   // A FIFO where the mark goes (a worker can write there): never read.
   const std::string fifo =
       LeftFolder(tmp, "ctrun-fifo00", std::nullopt, absl::Hours(1));
@@ -305,6 +385,9 @@ TEST_CASE(
   CHECK(std::filesystem::exists(kept + "/hang_round_0/rank0.python.txt"));
   CHECK(std::filesystem::exists(running));
   CHECK(std::filesystem::exists(fifo));
+  CHECK(std::filesystem::exists(other_boot));
+  CHECK(std::filesystem::exists(other_namespace));
+  CHECK(std::filesystem::exists(unscoped));
   ChildProcess second(
       {CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/true"},
       {"TMPDIR=" + tmp});
@@ -319,7 +402,49 @@ TEST_CASE(
   for (const auto& e : std::filesystem::directory_iterator(tmp)) {
     marked += std::filesystem::exists(e.path() / ".ctrun" / "agent");
   }
-  CHECK(marked == 3);  // recent, running, the FIFO; none of the runs
+  // recent, running, the FIFO, the three of elsewhere; none of the runs
+  CHECK(marked == 6);
+  std::filesystem::remove_all(tmp);
+}
+
+// Fails before: the mark held a pid alone, which the other namespace read
+// as its own (pid 1, its init) and judged dead.
+TEST_CASE("A run folder of an agent in another pid namespace is never removed",
+          "[hostile][integration]") {
+  const std::string tmp = Scratch("pidns");
+  // An agent in a pid namespace of its own (a container sharing /tmp).
+  ChildProcess inside(
+      {"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+       CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/sh", "-c",
+       "echo up; sleep 5"},
+      {"TMPDIR=" + tmp});
+  REQUIRE(inside.WaitForLine("up", kWait));
+  std::string folder;
+  for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+    if (absl::StartsWith(e.path().filename().string(), "ctrun-")) {
+      folder = e.path();
+    }
+  }
+  REQUIRE_FALSE(folder.empty());
+  const std::string mark = folder + "/.ctrun/agent";
+  REQUIRE(std::filesystem::exists(mark));
+  std::ifstream in(mark);
+  std::string line;
+  std::getline(in, line);
+  INFO(line);
+  CHECK(absl::StartsWith(line, "1 "));  // the namespace's first process
+  // As if it had run for a while without refreshing it.
+  std::filesystem::last_write_time(
+      mark,
+      std::filesystem::file_time_type::clock::now() - std::chrono::minutes(10));
+  ChildProcess outside(
+      {CtrunPath(), "--standalone", "--nproc_per_node=1", "/bin/true"},
+      {"TMPDIR=" + tmp});
+  REQUIRE(outside.Wait(kWait) == 0);
+  INFO(outside.Stderr());
+  CHECK_FALSE(absl::StrContains(outside.Stderr(), "removed"));
+  CHECK(std::filesystem::exists(mark));
+  CHECK(inside.Wait(kWait) == 0);
   std::filesystem::remove_all(tmp);
 }
 
