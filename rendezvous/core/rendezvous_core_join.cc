@@ -1,9 +1,11 @@
 // Joins, resumes, rejoins, reports, and nodes leaving.
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "rendezvous/core/failure_class.h"
 #include "rendezvous/core/job_settings.h"
 #include "rendezvous/core/rendezvous_core.h"
@@ -199,6 +201,23 @@ absl::Status RendezvousCore::CheckRoomFor(const Job& job,
         spares == 1 ? " spare" : " spares",
         " (--spares); give this run its own --rdzv_id, or the job more "
         "--spares"));
+  }
+  if (job.settings.spares() > 0 && job.phase == v1::JobStatus::RUNNING &&
+      static_cast<int32_t>(job.ranked.size()) >= max_nodes) {
+    // It can only be a spare, and a spare takes the slot of a lost node of
+    // its own size: the world keeps its size and every other rank.
+    std::set<int32_t> sizes;
+    for (SessionId ranked : job.ranked) {
+      sizes.insert(job.nodes.at(ranked).join.local_world_size());
+    }
+    if (!sizes.contains(join.local_world_size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job.id,
+          "' runs nodes of --nproc_per_node=", absl::StrJoin(sizes, " or "),
+          "; a spare takes a lost node's ranks, "
+          "so it needs as many workers as that node: this node has ",
+          join.local_world_size()));
+    }
   }
   if (job.settings.spares() == 0 && job.phase == v1::JobStatus::RUNNING &&
       static_cast<int32_t>(job.ranked.size()) >= max_nodes &&
@@ -693,9 +712,12 @@ void RendezvousCore::GiveSlotToSpare(Job& job, const Node& lost, int32_t slot,
   };
   Node* spare = nullptr;
   for (auto& [session, node] : job.nodes) {
+    // Only into a slot of its own size: the world keeps its size and every
+    // other node its ranks.
     const bool free =
-        node.state == v1::NodeStatus::WAITING ||
-        (node.state == v1::NodeStatus::JOINED && node.SlotToKeep() < 0);
+        (node.state == v1::NodeStatus::WAITING ||
+         (node.state == v1::NodeStatus::JOINED && node.SlotToKeep() < 0)) &&
+        node.join.local_world_size() == lost.join.local_world_size();
     if (free && (spare == nullptr || key(&node) < key(spare))) spare = &node;
   }
   if (spare == nullptr) return;

@@ -260,5 +260,33 @@ TEST_CASE(
   CHECK(spare->Wait(kWait) == 128 + SIGTERM);
 }
 
+// Fails before: the spare of 1 worker was admitted, and promoted it would
+// have turned the world of 2 into 1.
+TEST_CASE("A spare with another --nproc_per_node is refused at its join",
+          "[worker][integration][spares]") {
+  Daemon daemon;
+  auto node = [&](int n, int workers) {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        CtrunPath(), absl::StrCat("--local_addr=127.0.0.", n), "--nnodes=1",
+        absl::StrCat("--nproc_per_node=", workers), "--spares=1",
+        "--rdzv_backend=c10d", "--rdzv_endpoint=" + daemon.endpoint(),
+        "--rdzv_id=sizes", WorkerProbePath(), "park", "30"});
+  };
+  auto active = node(2, 2);
+  REQUIRE(active->WaitForLine("slot rank=1 world=2", kWait));
+  auto spare = node(3, 1);
+  const std::optional<int> code = spare->Wait(kWait);
+  INFO(spare->Stderr());
+  CHECK(code.has_value());
+  CHECK(code != 0);
+  CHECK(spare->StderrContains(
+      "job 'sizes' runs nodes of --nproc_per_node=2; a spare takes a lost "
+      "node's ranks, so it needs as many workers as that node: this node has "
+      "1",
+      absl::Seconds(1)));
+  active->Signal(SIGTERM);
+  CHECK(active->Wait(kWait) == 128 + SIGTERM);
+}
+
 }  // namespace
 }  // namespace ctrun::testing

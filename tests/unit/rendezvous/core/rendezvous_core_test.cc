@@ -1084,6 +1084,38 @@ TEST_CASE("A spare waits without a rank and takes a lost node's slot",
   CHECK_FALSE(h.LastRestart(1)->round() == 2);
 }
 
+// Fails before: a spare of another size was admitted, and promoted it
+// turned a world of 2 into 3.
+TEST_CASE(
+    "A spare of another size is refused naming the flag, and a spare takes "
+    "only a slot of its own size",
+    "[rendezvous][unit][spares]") {
+  Harness h(2, 2);
+  h.settings().set_spares(1);
+  h.Join(1, "a0", 1);
+  h.Join(2, "a1", 2);
+  REQUIRE(h.LastAssignment(1));
+  CHECK(h.LastAssignment(1)->world_size() == 3);
+  h.Join(9, "wide", 4);
+  REQUIRE(h.Ended(9));
+  CHECK(absl::IsFailedPrecondition(*h.Ended(9)));
+  CHECK(h.Ended(9)->message() ==
+        "job 'job' runs nodes of --nproc_per_node=1 or 2; a spare takes a "
+        "lost node's ranks, so it needs as many workers as that node: this "
+        "node has 4");
+  h.Join(10, "narrow", 1);
+  REQUIRE_FALSE(h.Ended(10));
+  // The node of 2 is lost: the spare of 1 does not take its slot (it
+  // joins the next round as any waiting node would, in a slot of its own).
+  h.Close(2);
+  REQUIRE(h.LastRestart(1));
+  h.Rejoin(1, 1);
+  if (auto a = h.LastAssignment(10)) CHECK(a->took_slot_of().empty());
+  auto status = h.core().DescribeJob("job", h.now());
+  REQUIRE(status.ok());
+  CHECK(status->spares_promoted() == 0);
+}
+
 TEST_CASE("The spare of the lost node's segment is chosen, 20 of 20 times",
           "[rendezvous][unit][spares]") {
   for (int trial = 0; trial < 20; ++trial) {
