@@ -682,6 +682,7 @@ void AgentPolicy::OnWorkersStarted(const std::vector<WorkerStart>& started,
       w.alive = true;
       w.started = now;
       w.kept = w.restarting = w.resilient = false;
+      w.replacement = recovering_.has_value();
       w.round_left = -1;
       w.warm = s.warm;
       if (s.warm) e.set_detail("warm");
@@ -1204,12 +1205,14 @@ bool AgentPolicy::KeepsWorkers(const v1::RestartRequired& r,
   if (phase_ != Phase::kRunning && phase_ != Phase::kJoining) return false;
   std::vector<int> plain;
   for (const Worker& w : workers_) {
-    if (w.alive && !w.resilient) plain.push_back(w.rank);
+    // A replacement still in its first start is resilient-to-be.
+    if (w.alive && !w.resilient && !w.replacement) plain.push_back(w.rank);
   }
   if (plain.empty()) return true;
-  Tell(absl::StrCat("rank", plain.size() == 1 ? " " : "s ",
+  Tell(absl::StrCat(plain.size() == 1 ? "rank " : "ranks ",
                     absl::StrJoin(plain, ","),
-                    " do not run under ctrun.resilient (or worker_lib's "
+                    plain.size() == 1 ? " does not" : " do not",
+                    " run under ctrun.resilient (or worker_lib's "
                     "re-creatable communicator): restarting this node's "
                     "workers the old way"),
        effects);

@@ -450,6 +450,10 @@ class AgentPolicy {
     // It kept its process into this round; it was forked warm.
     bool kept = false;
     bool warm = false;
+    // A new process of an in-process round (a replacement): it recovers in
+    // process once its script reaches ctrun.resilient, and until then takes
+    // a newer round's world as it forms its group (the `ctrun` module).
+    bool replacement = false;
     // Killed for not taking the new world in time: its end is no failure,
     // and it is started again.
     bool restarting = false;

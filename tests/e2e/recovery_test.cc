@@ -133,6 +133,51 @@ TEST_CASE(
   CHECK(log.find("\"detail\":\"warm\"") != std::string::npos);
 }
 
+// Fails before: the replacement had not reached ctrun.resilient when rank
+// 2 died, so every process was restarted and the replacement was blamed.
+TEST_CASE(
+    "A second kill while the replacement still starts opens the next round "
+    "in process, the replacement kept",
+    "[ctrun][e2e]") {
+  std::vector<std::string> argv = Launch(
+      {Script(), "--steps", "80", "--kill_rank", "1", "--start_delay", "4"});
+  ChildProcess p(argv, {kPython});
+  std::string out;
+  auto read_until = [&](const std::string& needle) {
+    while (auto line = p.ReadLine(kWait)) {
+      out += *line + "\n";
+      if (line->find(needle) != std::string::npos) return true;
+    }
+    return false;
+  };
+  REQUIRE(read_until("starting pid="));  // the replacement, asleep
+  std::map<int, int> first;              // rank -> pid at the first entry
+  for (const Entry& e : Entries(out)) first.try_emplace(e.rank, e.pid);
+  REQUIRE(first.count(2));
+  kill(first.at(2), SIGKILL);
+  out += p.ReadAll(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  REQUIRE(p.Wait(kWait) == 0);
+  std::set<std::string> sums;
+  const std::map<int, int> last = Finals(out, &sums);
+  REQUIRE(last.size() == 4);
+  for (int rank : {0, 3}) CHECK(last.at(rank) == first.at(rank));
+  // Rank 1's replacement was kept into round 2: the process that was
+  // asleep at the second kill ends the job.
+  static const std::regex kStarting("starting pid=([0-9]+) round=1");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, kStarting));
+  CHECK(last.at(1) == std::stoi(m[1]));
+  CHECK(last.at(2) != first.at(2));
+  REQUIRE(sums.size() == 1);
+  CHECK(std::stod(*sums.begin()) == ExpectedSum(80, 4));
+  CHECK(err.find("round 2: ranks 0,1,3 kept their processes; new process "
+                 "for rank 2") != std::string::npos);
+  CHECK(err.find("does not run under ctrun.resilient") == std::string::npos);
+  CHECK(err.find("restarting the workers") == std::string::npos);
+}
+
 TEST_CASE(
     "A survivor asleep or busy in Python is brought back; one that ignores "
     "the release is restarted and the agent says so",

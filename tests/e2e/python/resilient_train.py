@@ -16,6 +16,9 @@ Options:
                      in time.sleep, in a Python loop, or with its release
                      signal ignored and sleeping (never released)
   --step_sleep SEC   pause per step (default 0.02)
+  --start_delay SEC  a process started in a later round (a replacement)
+                     says "starting pid=P round=K" and waits SEC before it
+                     forms its group (a slow start: imports, a dataset)
   --checkpoint FILE  rank 0 saves the state there after each step, and every
                      process starts from it when it exists (a job restarted
                      the old way resumes from it)
@@ -44,6 +47,7 @@ parser.add_argument("--kill_agent", action="store_true")
 parser.add_argument("--block", default="")
 parser.add_argument("--block_rank", type=int, default=-1)
 parser.add_argument("--step_sleep", type=float, default=0.02)
+parser.add_argument("--start_delay", type=float, default=0.0)
 parser.add_argument("--checkpoint", default="")
 args = parser.parse_args()
 
@@ -112,6 +116,9 @@ if os.environ.get("CTRUN_SPARE") == "1":
     print(f"parked pid={os.getpid()} rank={os.environ.get('RANK', 'none')}",
           flush=True)
 ctrun.wait_for_slot()
+if args.start_delay and os.environ.get("TORCHELASTIC_RESTART_COUNT") != "0":
+    print(f"starting pid={os.getpid()} round={ctrun.round()}", flush=True)
+    time.sleep(args.start_delay)
 dist.init_process_group("gloo")
 world = train()
 print(

@@ -161,6 +161,34 @@ def _wait_listening(host, port, deadline):
             pause = min(pause * 2, 0.1)
 
 
+def _take_newer_world():
+    """A new process of an in-process round that is still starting when the
+    next round comes is kept into it (it is resilient-to-be): as it forms
+    its group, it takes the newest world from its world file, waiting while
+    a round it was started for ends and the next one is decided."""
+    path = os.environ.get("CTRUN_WORLD_FILE")
+    if os.environ.get("CTRUN_RECOVERY") != "inprocess" or not path:
+        return
+    try:
+        mine = int(os.environ.get("CTRUN_STORE_ROUND", "0"))
+    except ValueError:
+        return
+    deadline = time.monotonic() + _MASTER_WAIT
+    while True:
+        world = _read_world(path)
+        if world is None or world["CTRUN_ROUND"] < mine:
+            return
+        if world["CTRUN_ROUND_STATE"] == "ready":
+            if world["CTRUN_ROUND"] > mine:
+                for key, value in world.items():
+                    if not key.startswith("CTRUN_ROUND"):
+                        os.environ[key] = value
+            return
+        if time.monotonic() > deadline:  # the agent bounds the round
+            return
+        time.sleep(_POLL)
+
+
 def _await_master(url, timeout):
     """In a ctrun worker of rank other than 0: until MASTER_ADDR:MASTER_PORT
     listens (at most `timeout`, a timedelta, and never over a minute; then
@@ -197,6 +225,8 @@ def _patch_env_rendezvous(module):
     @functools.wraps(original)
     def env_handler(url, **kwargs):
         try:
+            if os.environ.get("CTRUN_PROGRESS_PID") == str(os.getpid()):
+                _take_newer_world()
             _await_master(url, kwargs.get("timeout"))
         except Exception:  # the wait is an optimisation: never the failure
             pass
@@ -245,6 +275,20 @@ def _install_master_wait():
         _patch_env_rendezvous(module)
     elif _RendezvousFinder not in sys.meta_path:
         sys.meta_path.insert(0, _RendezvousFinder)
+
+
+def _forget_unformed_group(dist):
+    """An init released half-way (a second failure while the group formed
+    again) leaves torch counting a group that never formed; the next one
+    would take the next group's name, and its store keys would never meet
+    those of the ranks that start afresh. destroy_process_group resets the
+    count, and there is no group to destroy: reset it here."""
+    c10d = getattr(dist, "distributed_c10d", None)
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):  # torch >= 2.0
+        world.group_count = 0
+    elif hasattr(c10d, "_group_count"):
+        c10d._group_count = 0
 
 
 class _Recovery:
@@ -357,7 +401,10 @@ class _Recovery:
                 with self._lock:
                     self._inside = False
                 world = self._next_world(error)
-                reform = self._leave(world)
+                # Released while it formed the group again (a second
+                # failure then): there is no group to tell the backend, so
+                # the one it was forming is formed in the next world.
+                reform = self._leave(world) or reform
 
     def _next_world(self, error):
         """The next round's world; re-raises `error` when none comes."""
@@ -396,6 +443,8 @@ class _Recovery:
                 dist.destroy_process_group()
             except Exception:
                 pass
+        elif dist is not None and dist.is_available():
+            _forget_unformed_group(dist)
         for key, value in world.items():
             if not key.startswith("CTRUN_ROUND"):
                 os.environ[key] = value
@@ -413,4 +462,27 @@ class _Recovery:
                 int(os.environ["MASTER_PORT"]),
                 time.monotonic() + _MASTER_WAIT,
             )
-        dist.init_process_group(backend)
+            dist.init_process_group(backend)
+            return
+        # torch's env:// store on rank 0 waits for the other ranks without
+        # letting go of the GIL: a rank dying meanwhile (a second failure
+        # while the group forms again) would leave this process where its
+        # recovery thread cannot release it. A store that does not wait
+        # leaves the wait to the backend's own rendezvous, which lets go of
+        # the GIL and fails once its sockets are swept.
+        from datetime import timedelta
+
+        timeout = getattr(dist, "default_pg_timeout", timedelta(minutes=30))
+        world = int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world,
+            True,
+            timeout,
+            wait_for_workers=False,
+        )
+        # The prefix env:// gives the default group's keys (torch adds it
+        # only to a store it made itself).
+        prefixed = dist.PrefixStore("default_pg", store)
+        dist.init_process_group(backend, store=prefixed, rank=0, world_size=world)

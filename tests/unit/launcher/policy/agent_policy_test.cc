@@ -2033,13 +2033,39 @@ TEST_CASE("A survivor that does not take the new world is restarted",
   CHECK_FALSE(h.Has<e::StartWorkers>());
 }
 
+// Fails before: the replacement had not reached ctrun.resilient yet, so the
+// node restarted every process and blamed it.
+TEST_CASE(
+    "A second failure while the replacement still starts keeps every live "
+    "process",
+    "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Exit(1, 0, SIGKILL);
+  h.Message(Restart(1, "worker rank 5 failed"));
+  h.AssignOnly(1, /*first=*/4, /*world=*/8);
+  REQUIRE(h.Has<e::StartWorkers>());
+  h.Started({1});
+  // The new process is still importing: its slot does not say resilient.
+  h.Progress(Resilient({true, false}));
+  h.Message(Restart(2, "worker rank 6 failed"));
+  CHECK(h.Said("the live workers keep their processes"));
+  CHECK_FALSE(h.Said("does not run under ctrun.resilient"));
+  CHECK(h.Signals().empty());
+  h.AssignOnly(2, /*first=*/4, /*world=*/8);
+  REQUIRE(h.Has<e::HandOver>());
+  CHECK(h.Get<e::HandOver>().local_ranks == std::vector<int>{0, 1});
+  CHECK_FALSE(h.Has<e::StartWorkers>());
+}
+
 TEST_CASE("A worker without ctrun.resilient makes its node restart the old way",
           "[agent][unit]") {
   Harness h(InProcess(2));
   h.Assign(0);
   h.Progress(Resilient({true, false}));
   h.Message(Restart(1, "node b was lost"));
-  CHECK(h.Said("rank 5 do not run under ctrun.resilient"));
+  CHECK(h.Said("rank 5 does not run under ctrun.resilient"));
   CHECK(h.Said("restarting the workers (round 1"));
   CHECK(h.Signals() == std::vector<int>{SIGTERM});
   CHECK(h.policy().phase() == Phase::kStopping);
