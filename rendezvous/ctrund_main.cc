@@ -223,7 +223,8 @@ int RunReplica(const DaemonFlags& flags, ServerOptions options,
                  std::string(s.message()));
   }
   // Listening from the start, not only once leading: clients that reach a
-  // standby are sent on to the leader at once.
+  // standby are sent on to the leader at once, named from the first answer.
+  (*replica)->LookUpLeader();
   auto standby =
       StandbyServer::Start({options.listen, options.tls,
                             [r = replica->get()] { return r->Leader(); }});

@@ -175,6 +175,15 @@ bool EtcdReplica::Campaign(absl::Notification* stop) {
   return false;
 }
 
+void EtcdReplica::LookUpLeader() {
+  auto kvs = client_->Range(EtcdLeaderKey(options_.prefix));
+  if (!kvs.ok() || kvs->empty()) return;
+  const auto leader = ParseLeaderRecord((*kvs)[0].value());
+  if (!leader || leader->address == options_.address) return;
+  absl::MutexLock lock(&mu_);
+  seen_leader_ = leader->address;
+}
+
 std::optional<std::string> EtcdReplica::Leader() {
   absl::MutexLock lock(&mu_);
   if (seen_leader_.empty()) return std::nullopt;

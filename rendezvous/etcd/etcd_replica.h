@@ -83,6 +83,11 @@ class EtcdReplica {
   // none leads, and when the record is this replica's own (a lease that
   // has not lapsed yet after it stepped down).
   std::optional<std::string> Leader();
+  // The first look, before the standby answers anyone (Campaign's first
+  // look comes only after a lease is granted, which a loaded etcd takes a
+  // while to do): a replica starting again after it stepped down names the
+  // new leader from its first answer. Nothing when etcd cannot be asked.
+  void LookUpLeader();
 
   // While leading: whether the lease still holds by this replica's clock
   // (ServerOptions::may_serve). Cheap: no call to etcd.
