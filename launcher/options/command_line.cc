@@ -982,6 +982,14 @@ absl::Status ConvertOutput(const Raw& raw, LaunchOptions& o) {
     o.recovery = Recovery::kRestart;
   } else if (recovery == "inprocess") {
     o.recovery = Recovery::kInProcess;
+    if (o.max_restarts == 0) {
+      // torchrun's default budget: the first failure ends the job.
+      o.notices.push_back(
+          "--recovery=inprocess with --max_restarts=0 (the default): a "
+          "worker's failure ends the job; only lost and new nodes are "
+          "recovered in process. Give --max_restarts=N to recover N "
+          "failures");
+    }
   } else {
     return BadValue(raw, "recovery", "expected restart or inprocess");
   }

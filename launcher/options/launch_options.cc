@@ -87,6 +87,10 @@ std::string FormatLaunchPlan(const LaunchOptions& options,
   }
   absl::StrAppend(&out, "  workers: ", options.local_world_size, " x ",
                   absl::StrJoin(worker_argv, " "), "\n");
+  // What a launch would say first, said here too.
+  for (const std::string& notice : options.notices) {
+    absl::StrAppend(&out, "  note: ", notice, "\n");
+  }
   return out;
 }
 

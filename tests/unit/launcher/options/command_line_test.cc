@@ -372,6 +372,26 @@ TEST_CASE("rdzv_conf sets the rendezvous timeouts", "[launcher][unit]") {
   CHECK(absl::IsInvalidArgument(slow.status()));
 }
 
+// Fails before: nothing said that the first failure would end the job.
+TEST_CASE(
+    "In-process recovery with torchrun's restart budget of 0 says what a "
+    "failure will do",
+    "[launcher][unit]") {
+  auto zero = Parse({"--recovery=inprocess", "t"});
+  REQUIRE(zero.ok());
+  REQUIRE(zero->options.notices.size() == 1);
+  CHECK(zero->options.notices[0] ==
+        "--recovery=inprocess with --max_restarts=0 (the default): a "
+        "worker's failure ends the job; only lost and new nodes are "
+        "recovered in process. Give --max_restarts=N to recover N failures");
+  CHECK(Parse({"--recovery=inprocess", "--max_restarts=2", "t"})
+            ->options.notices.empty());
+  // --dry_run says it too.
+  CHECK(FormatLaunchPlan(zero->options, {"t"})
+            .find("  note: --recovery=inprocess with --max_restarts=0") !=
+        std::string::npos);
+}
+
 TEST_CASE("Flags without use in ctrun are accepted and explained",
           "[launcher][unit]") {
   auto c = Parse({"--start_method=fork", "--monitor_interval=5", "t"});
