@@ -129,9 +129,12 @@ void WaitForSlot() {
 }
 
 int Round() {
-  const char* text = std::getenv(env::kRestartCount);
   int round = 0;
-  return text != nullptr && absl::SimpleAtoi(text, &round) ? round : 0;
+  for (const char* name : {env::kStoreRound, env::kRestartCount}) {
+    const char* text = std::getenv(name);
+    if (text != nullptr && absl::SimpleAtoi(text, &round)) return round;
+  }
+  return 0;
 }
 
 // Watches the world file from a thread of its own; see recovery.h.

@@ -378,6 +378,9 @@ TEST_CASE(
   CHECK(e[0].rank == 1);
   CHECK(e[0].world == 3);
   CHECK(e[0].pid == std::stoi(parked_pid[1]));  // the parked process
+  // The job's round, as in every other worker (a lost node spends no
+  // restart: TORCHELASTIC_RESTART_COUNT stays 0). Fails before: 0.
+  CHECK(line->find(" round=1 ") != std::string::npos);
   CHECK(spare->StderrContains("this spare takes group rank 1, the slot of",
                               absl::Seconds(1)));
   CHECK(spare->StderrContains("its parked worker takes rank 1",

@@ -42,8 +42,11 @@
 
 namespace ctrun {
 
-// This worker's restart count (TORCHELASTIC_RESTART_COUNT), updated in
-// place by Reform(); 0 outside ctrun.
+// The job's round this worker runs in (CTRUN_STORE_ROUND): 0 at the job's
+// first start, one more for every restart, lost node and new node, wherever
+// the worker runs (a promoted spare's included); updated in place by
+// Reform() and WaitForSlot(). TORCHELASTIC_RESTART_COUNT, which counts
+// failures only, outside ctrun; 0 without either.
 int Round();
 
 // On a spare node (ctrun --spares), ctrun starts the workers of a program

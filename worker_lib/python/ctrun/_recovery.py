@@ -42,12 +42,17 @@ class RoundChanged(Exception):
 
 
 def round():  # noqa: A001 - the name DESIGN.md gives it
-    """This worker's restart count (TORCHELASTIC_RESTART_COUNT), updated in
-    place by resilient() when the job moves to a new round."""
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
+    """The job's round this worker runs in: 0 at the job's first start, then
+    one more for every restart, lost node and new node, wherever the worker
+    runs (a promoted spare's included); updated in place by resilient() and
+    wait_for_slot(). TORCHELASTIC_RESTART_COUNT counts failures only (a lost
+    node spends no restart), so it is the answer only outside ctrun."""
+    for name in ("CTRUN_STORE_ROUND", "TORCHELASTIC_RESTART_COUNT"):
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return 0
 
 
 def resilient(fn):
