@@ -343,6 +343,8 @@ int Agent::Run() {
   }
   stopped_by_signal_ = policy_.stopped_by_signal();
   ReportUsage();
+  err_->WriteAgentLine(absl::StrCat(
+      "ctrun: ", policy_.Recap(*exit_code_, MonotonicNow()), "\n"));
   // Leave the rendezvous: a half-close tells it this node is done.
   if (session_) {
     session_->Close();

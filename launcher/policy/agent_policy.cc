@@ -106,6 +106,7 @@ v1::Event& AgentPolicy::Record(const char* what, AgentEffects* effects) const {
 }
 
 void AgentPolicy::Start(absl::Time now, AgentEffects* effects) {
+  recap_.Start(now);
   JoinFresh(now, effects);
 }
 
@@ -584,6 +585,8 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
     w.local_rank = lr;
     w.rank = static_cast<int>(a.first_global_rank()) + lr;
   }
+  recap_.RoundStarted(a.round(), a.restart_count(), a.max_restarts(),
+                      static_cast<int>(fresh.size()), now);
   if (!omp_notice_given_ && o.local_world_size > 1 &&
       !config_.omp_threads_set) {
     Tell(absl::StrCat("OMP_NUM_THREADS is unset; setting it to 1 for each of "
@@ -654,7 +657,7 @@ void AgentPolicy::OnAssignment(const v1::Assignment& a, absl::Time now,
   kept_workers_ = static_cast<int32_t>(kept.size());
   effects->push_back(agent_effect::HandOver{a, kept});
   recovery_deadline_ = now + o.recovery_timeout;
-  recovering_ = Recovering{ended_at_, kept, fresh};
+  recovering_ = Recovering{ended_at_, kept, fresh, now + o.recovery_timeout};
   if (!fresh.empty()) {
     effects->push_back(StartWorkers{a, fresh});
     return;
@@ -850,13 +853,23 @@ void AgentPolicy::OnWorkerExit(const WorkerExit& e, absl::Time now,
     const absl::Duration min = config_.options.min_progress;
     failure.no_progress = min > absl::ZeroDuration() && now - it->started < min;
   }
-  Tell(absl::StrCat("worker rank ", it->rank, " (local ", it->local_rank,
-                    ", pid ", it->pid, ") ", how, ": ",
-                    FailureClassName(failure.failure_class),
-                    failure.error.empty() ? "" : " (" + failure.error + ")",
-                    inprocess() ? "; the others keep running "
-                                  "(--recovery=inprocess)"
-                                : "; stopping the others"),
+  // In process, the others keep running only where a restart will come:
+  // never a promise the next line breaks.
+  const int used = assignment_ ? assignment_->restart_count() : 0;
+  const int budget = config_.options.max_restarts;
+  const bool restarts = used < budget && RestartsOn(config_.options.restart_on,
+                                                    failure.failure_class);
+  std::string next = "; stopping the others";
+  if (inprocess() && restarts) {
+    next = "; the others keep running (--recovery=inprocess)";
+  } else if (inprocess() && used >= budget) {
+    next = absl::StrCat("; no restart left (--max_restarts=", budget,
+                        "): the job ends");
+  }
+  Tell(absl::StrCat(
+           "worker rank ", it->rank, " (local ", it->local_rank, ", pid ",
+           it->pid, ") ", how, ": ", FailureClassName(failure.failure_class),
+           failure.error.empty() ? "" : " (" + failure.error + ")", next),
        effects);
   OnWorkerFailure(failure, now, effects);
 }
@@ -868,6 +881,11 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
                                  AgentEffects* effects) {
   if (phase_ != Phase::kRunning) return;
   wall_offset_ = wall_now - now;
+  uint64_t steps = 0;
+  for (const ProgressSample& sample : samples) {
+    steps += sample.beats + sample.sections_done;
+  }
+  recap_.Stepped(steps, now);
   for (size_t i = 0; i < samples.size() && i < workers_.size(); ++i) {
     workers_[i].resilient = samples[i].resilient;
     workers_[i].round_left = samples[i].round_left;
@@ -889,40 +907,71 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
   if (!silent.empty()) OnHang(silent, now, wall_now, effects);
   if (phase_ == Phase::kRunning) TrackStop(samples, effects);
   if (recovering_ && phase_ == Phase::kRunning) {
-    TrackRecovery(samples, now, effects);
+    TrackRecovery(samples, now, wall_now, effects);
   }
 }
 
 void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
-                                absl::Time now, AgentEffects* effects) {
+                                absl::Time now, absl::Time wall_now,
+                                AgentEffects* effects) {
   Recovering& r = *recovering_;
   const int64_t round = assignment_->round();
   const size_t n = std::min(samples.size(), workers_.size());
-  if (r.formed == absl::InfinitePast()) {
+  if (r.beats.empty()) {  // not formed yet, as last seen
     absl::Time formed = absl::InfinitePast();
+    std::vector<int> unformed;
     for (size_t i = 0; i < n; ++i) {
-      if (!workers_[i].alive) continue;
-      if (samples[i].round_ready < round) return;  // not yet
-      formed = std::max(formed, samples[i].ready_time);
+      const Worker& w = workers_[i];
+      // A kept worker that has not taken the world is TickRecovery's.
+      if (!w.alive || w.restarting || (w.kept && w.round_left < round)) {
+        continue;
+      }
+      if (samples[i].round_ready < round) {
+        unformed.push_back(static_cast<int>(i));
+      } else {
+        formed = std::max(formed, samples[i].ready_time);
+      }
+    }
+    const bool waiting_for_others =
+        std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+          return w.alive && !w.restarting && w.kept && w.round_left < round;
+        });
+    if (!unformed.empty() || waiting_for_others) {
+      if (now >= r.deadline && !unformed.empty()) {
+        RoundNotRecovered(unformed, {}, now, wall_now, effects);
+      }
+      return;
     }
     r.formed = formed;
     r.formed_seen = now;
-    for (size_t i = 0; i < n; ++i) r.beats.push_back(samples[i].beats);
+    for (size_t i = 0; i < n; ++i) {
+      r.beats.push_back(samples[i].beats);
+      r.sections.push_back(samples[i].sections_done);
+    }
   }
-  // The first step: every worker's next heartbeat, when they send them
-  // (else it is not known: said without it, at once when none has ever
-  // sent one, after a while otherwise).
-  const bool signalling = std::any_of(r.beats.begin(), r.beats.end(),
-                                      [](uint64_t b) { return b > 0; });
+  // Recovered means every rank stepped again (a heartbeat, or an outermost
+  // section's end) in the new group, not that the group formed: a kept
+  // rank can form it and die at its next step.
+  bool signalling = false;
+  for (size_t i = 0; i < n; ++i) {
+    signalling |= samples[i].beats > 0 || samples[i].sections_done > 0;
+  }
   absl::Time stepped = absl::InfinitePast();
-  for (size_t i = 0; i < n && stepped != absl::InfiniteFuture(); ++i) {
+  std::vector<int> not_stepped;
+  for (size_t i = 0; i < n; ++i) {
     if (!workers_[i].alive) continue;
-    stepped = samples[i].beats > r.beats[i]
-                  ? std::max(stepped, samples[i].beat_time)
-                  : absl::InfiniteFuture();
+    if (samples[i].beats > r.beats[i]) {
+      stepped = std::max(stepped, samples[i].beat_time);
+    } else if (samples[i].sections_done > r.sections[i]) {
+      stepped = std::max(stepped, samples[i].event_time);
+    } else {
+      not_stepped.push_back(static_cast<int>(i));
+    }
   }
-  if (stepped == absl::InfiniteFuture() && signalling &&
-      now < r.formed_seen + kFirstStepWithin) {
+  if (signalling && !not_stepped.empty()) {
+    if (now >= r.deadline) {
+      RoundNotRecovered({}, not_stepped, now, wall_now, effects);
+    }
     return;
   }
   // Worker clock readings: clamped to what the agent saw (a worker may
@@ -948,14 +997,22 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
                                                              : " (some warm)");
   }
   absl::StrAppend(&parts, ", process group formed at ", since(r.formed));
-  const bool stepped_known = stepped != absl::InfiniteFuture();
-  if (stepped_known)
-    absl::StrAppend(&parts, ", first step at ", since(stepped));
-  const absl::Time done = seen(stepped_known ? stepped : r.formed);
-  Tell(absl::StrCat("round ", round, " recovered in ", since(done),
-                    " from the failure: ", parts),
-       effects);
-  v1::Event& e = Record("round_recovered", effects);
+  if (signalling) absl::StrAppend(&parts, ", first step at ", since(stepped));
+  const absl::Time done = seen(signalling ? stepped : r.formed);
+  if (signalling) {
+    Tell(absl::StrCat("round ", round, " recovered in ", since(done),
+                      " from the failure: ", parts),
+         effects);
+  } else {
+    Tell(absl::StrCat("round ", round, ": process group formed in ",
+                      since(done), " from the failure: ", parts,
+                      "; no rank sends progress signals, so when every rank "
+                      "steps again is not known (ctrun.heartbeat() or "
+                      "ctrun.section() would tell)"),
+         effects);
+  }
+  v1::Event& e =
+      Record(signalling ? "round_recovered" : "round_formed", effects);
   e.set_duration_s(absl::ToDoubleSeconds(done - r.ended));
   e.set_detail(parts);
   recovering_.reset();
@@ -964,9 +1021,50 @@ void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
   if (report_ == v1::WorkerReport::RUNNING) Report(effects);
 }
 
+void AgentPolicy::RoundNotRecovered(const std::vector<int>& unformed,
+                                    const std::vector<int>& unstepped,
+                                    absl::Time now, absl::Time wall_now,
+                                    AgentEffects* effects) {
+  const int64_t round = assignment_->round();
+  const std::vector<int>& late = unformed.empty() ? unstepped : unformed;
+  const std::string what =
+      unformed.empty()
+          ? absl::StrCat(late.size() == 1 ? " has" : " have",
+                         " not stepped since the process group formed")
+          : absl::StrCat(late.size() == 1 ? " has" : " have",
+                         " not formed the process group");
+  Tell(absl::StrCat(
+           "round ", round, " has not recovered within ",
+           absl::FormatDuration(config_.options.recovery_timeout),
+           " (--recovery_timeout): ", Ranks(late), what,
+           ". Most often a collective that only some ranks make: a "
+           "DistributedDataParallel (or anything bound to the process group) "
+           "built outside the ctrun.resilient function broadcasts as it is "
+           "built, in a new process only; build it inside the function. "
+           "Their stacks follow; the round ends as a hang"),
+       effects);
+  Record("round_not_recovered", effects).set_detail(Ranks(late, true));
+  recovering_.reset();
+  std::vector<SilentWorker> silent;
+  for (int lr : late) {
+    SilentWorker s;
+    s.local_rank = lr;
+    s.since = workers_[static_cast<size_t>(lr)].started;
+    silent.push_back(s);
+  }
+  OnHang(
+      silent, now, wall_now, effects,
+      absl::StrCat("round ", round, " did not recover within ",
+                   absl::FormatDuration(config_.options.recovery_timeout),
+                   " (--recovery_timeout): it has not ",
+                   unformed.empty() ? "stepped since the process group formed"
+                                    : "formed the process group"));
+}
+
 void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
                          absl::Time now, absl::Time wall_now,
-                         AgentEffects* effects) {
+                         AgentEffects* effects, const std::string& why) {
+  recap_.RoundEnded(now);
   const SilentWorker& first = silent.front();
   const Worker& w = workers_[static_cast<size_t>(first.local_rank)];
   auto seconds = [](absl::Duration d) {
@@ -983,15 +1081,17 @@ void AgentPolicy::OnHang(const std::vector<SilentWorker>& silent,
   const std::string since = absl::FormatTime(
       "%H:%M:%E2S", wall_now - (now - first.since), absl::LocalTimeZone());
   const std::string cause =
-      first.ever ? absl::StrCat("no progress for ", seconds(now - first.since),
-                                " (since ", since, ")", in, " after ",
-                                first.beats, " heartbeats (", timeout, ")")
-                 : absl::StrCat(
-                       "no progress signal in the ", seconds(now - first.since),
-                       " since it started (allowed ", seconds(first.timeout),
-                       " to start: --hang_warmup or the hang "
-                       "timeout, the longer; other ranks of the job "
-                       "do signal)");
+      !why.empty() ? why
+      : first.ever
+          ? absl::StrCat("no progress for ", seconds(now - first.since),
+                         " (since ", since, ")", in, " after ", first.beats,
+                         " heartbeats (", timeout, ")")
+          : absl::StrCat("no progress signal in the ",
+                         seconds(now - first.since),
+                         " since it started (allowed ", seconds(first.timeout),
+                         " to start: --hang_warmup or the hang "
+                         "timeout, the longer; other ranks of the job "
+                         "do signal)");
   {
     v1::Event& e = Record("worker_hung", effects);
     e.set_rank(w.rank);
@@ -1163,6 +1263,7 @@ void AgentPolicy::OnTimerRequest(absl::string_view line, absl::Time now,
 
 void AgentPolicy::OnWorkerFailure(const WorkerFailureRecord& failure,
                                   absl::Time now, AgentEffects* effects) {
+  recap_.RoundEnded(now);
   failures_.push_back(failure);
   const bool first = report_ != v1::WorkerReport::FAILED;
   report_ = v1::WorkerReport::FAILED;
@@ -1223,6 +1324,8 @@ void AgentPolicy::OnRestartRequired(const v1::RestartRequired& r,
                                     absl::Time now, AgentEffects* effects) {
   // Stopping for good: the other nodes restart without this one.
   if (ending_ != Ending::kNone || phase_ == Phase::kDone) return;
+  // A new node's admission is no failure.
+  if (r.reason() != v1::RestartRequired::NODE_WAITING) recap_.RoundEnded(now);
   {
     v1::Event& e = Record("restart_required", effects);
     e.set_round(static_cast<int32_t>(r.round()));

@@ -124,6 +124,7 @@
 #include "launcher/policy/failure_report.h"
 #include "launcher/policy/file_timers.h"
 #include "launcher/policy/hang_culprit.h"
+#include "launcher/policy/job_recap.h"
 #include "launcher/policy/progress_monitor.h"
 
 namespace ctrun {
@@ -353,11 +354,17 @@ class AgentPolicy {
   // A rendezvous that cannot be reached is said at the first probe that
   // fails to connect, then this often while it stays so.
   static constexpr absl::Duration kUnreachableEvery = absl::Seconds(30);
-  // An in-process round is said once every worker formed its communicator
-  // and stepped; workers that send no heartbeat get this long to step.
-  static constexpr absl::Duration kFirstStepWithin = absl::Seconds(5);
+  // An in-process round is said recovered once every worker formed its
+  // communicator again and stepped (a heartbeat or an outermost section's
+  // end); where no worker sends progress signals, only that the group
+  // formed; where some have not stepped within --recovery_timeout of the
+  // group forming, which ones (round_not_recovered).
 
   explicit AgentPolicy(AgentPolicyConfig config);
+  // The line that ends the job on this node (job_recap.h), once it exits.
+  std::string Recap(int exit_code, absl::Time now) const {
+    return recap_.Line(exit_code, now);
+  }
 
   // Opens the first session.
   void Start(absl::Time now, AgentEffects* effects);
@@ -503,8 +510,10 @@ class AgentPolicy {
   void OnWorkerFailure(const WorkerFailureRecord& failure, absl::Time now,
                        AgentEffects* effects);
   // A worker of this node hung: the root cause, the report, the evidence.
+  // `why`, when given, is the first worker's cause instead of its silence.
   void OnHang(const std::vector<SilentWorker>& silent, absl::Time now,
-              absl::Time wall_now, AgentEffects* effects);
+              absl::Time wall_now, AgentEffects* effects,
+              const std::string& why = "");
   // Collects evidence from the live workers before they are stopped; a
   // no-op unless workers run.
   void StartEvidence(int focus, absl::Time now, AgentEffects* effects);
@@ -558,9 +567,15 @@ class AgentPolicy {
   void EndRoundOnce(absl::Time now, AgentEffects* effects);
   // Follows an in-process round until every worker formed its
   // communicator again (and stepped, when they signal), then says how
-  // long each part took.
+  // long each part took; past its deadline, names the ranks that have not
+  // and ends the round as a hang does (their stacks, then a restart).
   void TrackRecovery(const std::vector<ProgressSample>& samples, absl::Time now,
-                     AgentEffects* effects);
+                     absl::Time wall_now, AgentEffects* effects);
+  // The ranks of an in-process round that did not form the group or step
+  // by its deadline, named with where they are.
+  void RoundNotRecovered(const std::vector<int>& unformed,
+                         const std::vector<int>& unstepped, absl::Time now,
+                         absl::Time wall_now, AgentEffects* effects);
   // A spare's parked workers started (OnWorkersStarted while joining), and
   // the slot's world handed to those still alive; `fresh` start anew.
   void OnParked(const std::vector<WorkerStart>& started, absl::Time now,
@@ -671,13 +686,17 @@ class AgentPolicy {
   struct Recovering {
     absl::Time ended;              // the old round ended here
     std::vector<int> kept, fresh;  // local ranks
+    // Every rank is to have stepped (or, without progress signals, formed
+    // the group) by then: --recovery_timeout after the round's start.
+    absl::Time deadline = absl::InfiniteFuture();
     // When every worker had formed its communicator again (their clock),
     // when that was seen, and each one's heartbeats then.
     absl::Time formed = absl::InfinitePast();
     absl::Time formed_seen;
-    std::vector<uint64_t> beats;
+    std::vector<uint64_t> beats, sections;
   };
   std::optional<Recovering> recovering_;
+  JobRecap recap_;
 
   // A coordinated stop this node asked for: the signal, the round it was
   // asked in, when the signal acts as without it, and whether it did.

@@ -178,6 +178,33 @@ TEST_CASE(
   CHECK(err.find("restarting the workers") == std::string::npos);
 }
 
+// Fails before: after "new process for rank 1" nothing was said while every
+// rank waited in Gloo (30 minutes by default); "recovered" meant only that
+// the group formed.
+TEST_CASE(
+    "A round whose ranks never step again is named within "
+    "--recovery_timeout, with their stacks, and ends as a hang",
+    "[ctrun][e2e]") {
+  ChildProcess p(
+      {CtrunPath(), "--standalone", "--nproc_per_node=3", "--max_restarts=2",
+       "--recovery=inprocess", "--recovery_timeout=5",
+       SourceDir() + "/tests/e2e/python/ddp_rebuilt.py"},
+      {kPython});
+  const std::string out = p.ReadAll(kWait);
+  const std::string err = p.Stderr();
+  INFO(out << err);
+  CHECK(p.Wait(kWait) == 0);
+  CHECK(err.find("round 1 has not recovered within 5s (--recovery_timeout): "
+                 "ranks 0,1,2 have not stepped since the process group "
+                 "formed. Most often a collective that only some ranks "
+                 "make") != std::string::npos);
+  CHECK(err.find("round 1 recovered") == std::string::npos);
+  CHECK(std::regex_search(err, std::regex("evidence in .*hang_round_1")));
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(out.find(absl::StrCat("done ", rank)) != std::string::npos);
+  }
+}
+
 TEST_CASE(
     "A survivor asleep or busy in Python is brought back; one that ignores "
     "the release is restarted and the agent says so",

@@ -1923,6 +1923,24 @@ TEST_CASE("In-process recovery keeps the survivors and replaces the dead rank",
   CHECK(h.Reports()[0].state() == v1::WorkerReport::SUCCEEDED);
 }
 
+// Fails before: "the others keep running" was said, and the job ended at
+// the next line (torchrun's default budget is 0).
+TEST_CASE(
+    "In process without a restart left, a failure says the job ends instead "
+    "of promising a recovery",
+    "[agent][unit]") {
+  LaunchOptions o = InProcess(2);
+  o.max_restarts = 0;
+  Harness h(o);
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Exit(1, 0, SIGKILL);
+  CHECK(
+      h.Said("was killed by SIGKILL: signal; no restart left "
+             "(--max_restarts=0): the job ends"));
+  CHECK_FALSE(h.Said("the others keep running"));
+}
+
 TEST_CASE("An in-process round says how long each part took", "[agent][unit]") {
   Harness h(InProcess(2));
   h.Assign(0);
@@ -1974,11 +1992,85 @@ TEST_CASE("Times a worker stamps are taken within what the agent saw",
   samples[0].left_time = absl::InfinitePast();  // before the round ended
   samples[0].ready_time = h.now() + absl::Hours(1000);  // in the future
   h.Progress(samples);
+  // It sends no progress signals: the group formed, and that is all that
+  // is known (never "recovered").
   CHECK(
-      h.Said("round 1 recovered in 0.50s from the failure: rank 4 took "
-             "the new world at 0.00s, process group formed at 0.50s"));
-  REQUIRE(h.Records() == std::vector<std::string>{"round_recovered/1"});
+      h.Said("round 1: process group formed in 0.50s from the failure: "
+             "rank 4 took the new world at 0.00s, process group formed at "
+             "0.50s; no rank sends progress signals"));
+  CHECK_FALSE(h.Said("recovered"));
+  REQUIRE(h.Records() == std::vector<std::string>{"round_formed/1"});
   CHECK(h.Recorded(0).duration_s() == Approx(0.5));
+}
+
+// Fails before: nothing was said after "new process for rank 5" while it
+// waited for ever in a collective the others never made.
+TEST_CASE(
+    "A new process that never forms the group is named within "
+    "--recovery_timeout of the round's start, and the round ends as a hang",
+    "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Exit(1, 0, SIGKILL);
+  h.Message(Restart(1, "worker rank 5 failed"));
+  h.AssignOnly(1, /*first=*/4, /*world=*/8);
+  h.Started({1});
+  std::vector<ProgressSample> samples = Resilient({true, false}, 1);
+  samples[0].round_ready = 1;  // rank 4 formed it; rank 5 never does
+  samples[1].round_left = 0;
+  h.Progress(samples);
+  h.Advance(absl::Seconds(4));
+  h.Progress(samples);
+  CHECK_FALSE(h.Said("has not recovered"));
+  h.Advance(absl::Seconds(2));
+  h.Progress(samples);
+  CHECK(
+      h.Said("round 1 has not recovered within 5s (--recovery_timeout): "
+             "rank 5 has not formed the process group."));
+  CHECK(h.Has<e::CollectEvidence>());
+}
+
+// Fails before: "round 1 recovered" was said 5 s after the group formed
+// although rank 5 never stepped again.
+TEST_CASE(
+    "A round whose ranks formed the group but do not step is said not "
+    "recovered, naming them, within --recovery_timeout",
+    "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  std::vector<ProgressSample> samples = Resilient({true, true});
+  for (ProgressSample& s : samples) s.beats = 10;
+  h.Progress(samples);
+  h.Exit(1, 0, SIGKILL);
+  h.Message(Restart(1, "worker rank 5 failed"));
+  h.AssignOnly(1, /*first=*/4, /*world=*/8);
+  h.Started({1});
+  samples[0].round_left = samples[1].round_left = 1;
+  samples[0].round_ready = samples[1].round_ready = 1;
+  samples[1].beats = 0;  // the new process
+  h.Progress(samples);
+  samples[0].beats = 11;  // rank 4 steps; rank 5 never does
+  h.Advance(absl::Seconds(4));
+  h.Progress(samples);
+  CHECK_FALSE(h.Said("recovered"));
+  h.Advance(absl::Seconds(2));  // past the 5 s --recovery_timeout
+  h.Progress(samples);
+  CHECK(
+      h.Said("round 1 has not recovered within 5s (--recovery_timeout): "
+             "rank 5 has not stepped since the process group formed. Most "
+             "often a collective that only some ranks make"));
+  CHECK(
+      h.Said(") is hung: round 1 did not "
+             "recover within 5s (--recovery_timeout): it has not stepped "
+             "since the process group formed"));
+  CHECK_FALSE(h.Said("round 1 recovered"));
+  REQUIRE(h.Records().size() >= 1);
+  CHECK(h.Records()[0] == "round_not_recovered/1");
+  // It ends as a hang: the evidence, then the workers stop.
+  CHECK(h.Has<e::CollectEvidence>());
+  h.Progress(samples);
+  CHECK(h.Records().empty());  // said once
 }
 
 TEST_CASE("In-process recovery of a lost node starts no process",
