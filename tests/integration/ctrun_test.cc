@@ -1330,21 +1330,6 @@ TEST_CASE(
   CHECK(store->Wait(kWait) == 0);
 }
 
-// CPU ticks (user + system) `pid` has used.
-long CpuTicks(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
-  std::string field;
-  long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stol(field);
-    if (i == 15) stime = std::stol(field);
-  }
-  return utime + stime;
-}
-
 // Fails before: the agent's accepting thread polled its listener again at
 // once when accept failed for lack of descriptors, spinning a core for as
 // long as the connections were held.

@@ -200,6 +200,20 @@ TEST_CASE(
   CHECK(CountMatches(e.err, "no worker of this job has sent") == 1);
 }
 
+// A TCP connection to 127.0.0.1:`port`, or -1.
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    return fd;
+  }
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
 TEST_CASE("Idle connections do not keep scrapes from the metrics endpoint",
           "[hostile][integration]") {
   RendezvousMetrics metrics;
@@ -209,12 +223,8 @@ TEST_CASE("Idle connections do not keep scrapes from the metrics endpoint",
   // A port scan's worth of connections that never send a byte.
   std::vector<int> idle;
   for (int i = 0; i < 300; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const int fd = ConnectLoopback(port);
+    REQUIRE(fd >= 0);
     idle.push_back(fd);
   }
   for (int scrape = 0; scrape < 5; ++scrape) {
@@ -225,20 +235,6 @@ TEST_CASE("Idle connections do not keep scrapes from the metrics endpoint",
   auto missing = HttpGet("127.0.0.1", port, "/nothing", absl::Seconds(2));
   CHECK(absl::IsFailedPrecondition(missing.status()));
   for (int fd : idle) close(fd);
-}
-
-// CPU ticks (user + system) `pid` has used.
-long CpuTicks(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
-  std::string field;
-  long ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stol(field);
-  }
-  return ticks;
 }
 
 // Fails before: the listener stayed readable in the level-triggered set
@@ -259,15 +255,8 @@ TEST_CASE(
   // the listener's queue.
   std::vector<int> held;
   for (int i = 0; i < 200; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      close(fd);
-      break;  // the queue is full
-    }
+    const int fd = ConnectLoopback(port);
+    if (fd < 0) break;  // the queue is full
     held.push_back(fd);
   }
   INFO(held.size() << " connections held");

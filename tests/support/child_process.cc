@@ -16,6 +16,7 @@ extern char** environ;
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string>
 
 #include "absl/time/clock.h"
 #include "launcher/workers/proc.h"
@@ -219,6 +220,21 @@ int CountMatches(const std::string& text, const std::string& pattern) {
   return static_cast<int>(
       std::distance(std::sregex_iterator(text.begin(), text.end(), re),
                     std::sregex_iterator()));
+}
+
+long CpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  long ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stol(field);
+  }
+  return ticks;
 }
 
 }  // namespace ctrun::testing

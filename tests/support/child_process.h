@@ -36,6 +36,10 @@ struct ProcessInfo {
 };
 // Every process of this machine now.
 std::vector<ProcessInfo> AllProcesses();
+
+// The CPU ticks (user + system, 1/100 s) process `pid` has used; 0 when it
+// cannot be read.
+long CpuTicks(pid_t pid);
 // Waits up to `grace` for the live (not zombie) processes that `of` selects
 // to end by themselves, then SIGKILLs those left. Something a test's child
 // left behind may still be at work (ctrun's watchdog removing a run

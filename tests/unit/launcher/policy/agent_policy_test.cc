@@ -2003,6 +2003,18 @@ TEST_CASE("Times a worker stamps are taken within what the agent saw",
   CHECK(h.Recorded(0).duration_s() == Approx(0.5));
 }
 
+// Round 0 of two local ranks (ranks 4 and 5) reporting `before`; local
+// rank 1 is killed; round 1 keeps rank 4 and starts a new process for 5.
+void ReplaceRank5(Harness& h, const std::vector<ProgressSample>& before) {
+  h.Assign(0);
+  h.Progress(before);
+  h.Exit(1, 0, SIGKILL);
+  h.Message(Restart(1, "worker rank 5 failed"));
+  h.AssignOnly(1, /*first=*/4, /*world=*/8);
+  REQUIRE(h.Has<e::StartWorkers>());
+  h.Started({1});
+}
+
 // Fails before: nothing was said after "new process for rank 5" while it
 // waited for ever in a collective the others never made.
 TEST_CASE(
@@ -2010,12 +2022,7 @@ TEST_CASE(
     "--recovery_timeout of the round's start, and the round ends as a hang",
     "[agent][unit]") {
   Harness h(InProcess(2));
-  h.Assign(0);
-  h.Progress(Resilient({true, true}));
-  h.Exit(1, 0, SIGKILL);
-  h.Message(Restart(1, "worker rank 5 failed"));
-  h.AssignOnly(1, /*first=*/4, /*world=*/8);
-  h.Started({1});
+  ReplaceRank5(h, Resilient({true, true}));
   std::vector<ProgressSample> samples = Resilient({true, false}, 1);
   samples[0].round_ready = 1;  // rank 4 formed it; rank 5 never does
   samples[1].round_left = 0;
@@ -2038,14 +2045,9 @@ TEST_CASE(
     "recovered, naming them, within --recovery_timeout",
     "[agent][unit]") {
   Harness h(InProcess(2));
-  h.Assign(0);
   std::vector<ProgressSample> samples = Resilient({true, true});
   for (ProgressSample& s : samples) s.beats = 10;
-  h.Progress(samples);
-  h.Exit(1, 0, SIGKILL);
-  h.Message(Restart(1, "worker rank 5 failed"));
-  h.AssignOnly(1, /*first=*/4, /*world=*/8);
-  h.Started({1});
+  ReplaceRank5(h, samples);
   samples[0].round_left = samples[1].round_left = 1;
   samples[0].round_ready = samples[1].round_ready = 1;
   samples[1].beats = 0;  // the new process
@@ -2132,13 +2134,7 @@ TEST_CASE(
     "process",
     "[agent][unit]") {
   Harness h(InProcess(2));
-  h.Assign(0);
-  h.Progress(Resilient({true, true}));
-  h.Exit(1, 0, SIGKILL);
-  h.Message(Restart(1, "worker rank 5 failed"));
-  h.AssignOnly(1, /*first=*/4, /*world=*/8);
-  REQUIRE(h.Has<e::StartWorkers>());
-  h.Started({1});
+  ReplaceRank5(h, Resilient({true, true}));
   // The new process is still importing: its slot does not say resilient.
   h.Progress(Resilient({true, false}));
   h.Message(Restart(2, "worker rank 6 failed"));
