@@ -83,8 +83,8 @@ std::vector<std::string> Launch(std::vector<std::string> flags) {
 }
 
 TEST_CASE(
-    "A worker killed under --recovery=inprocess is replaced; the others "
-    "keep their processes and the result is exact",
+    "A worker killed under --recovery=inprocess is replaced, the others "
+    "keeping their processes, and the result is exact",
     "[ctrun][e2e]") {
   const std::string events = std::filesystem::temp_directory_path() /
                              ("ctrun-inprocess-" + std::to_string(getpid()));
@@ -206,8 +206,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "A survivor asleep or busy in Python is brought back; one that ignores "
-    "the release is restarted and the agent says so",
+    "A survivor asleep or busy in Python is brought back, and one that "
+    "ignores the release is restarted and the agent says so",
     "[ctrun][e2e]") {
   for (const char* block : {"sleep", "loop", "ignore"}) {
     DYNAMIC_SECTION(block) {
