@@ -73,10 +73,20 @@ constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 // `previous`, the job's port so far, while it is still free (as torchrun's
 // fixed port is, a job keeps one MASTER_PORT across restarts), else one the
 // OS chooses; 0 (the rendezvous refuses it, naming it) only if the address
-// stopped being ours.
-int FindFreePort(const std::string& address, int previous = 0) {
-  if (previous > 0 && BindFreePort(address, previous).ok()) return previous;
-  return BindFreePort(address).value_or(0);
+// stopped being ours. In process (`fresh`), every round takes a port
+// other than the last: a kept rank 0 may still hold the last round's store
+// there, and a rank still forming the last round's group may still write
+// to it; neither must meet the new round's.
+int FindFreePort(const std::string& address, int previous, bool fresh) {
+  if (!fresh && previous > 0 && BindFreePort(address, previous).ok()) {
+    return previous;
+  }
+  for (int tries = 0; tries < 8; ++tries) {
+    auto port = BindFreePort(address);
+    if (!port.ok()) return 0;
+    if (*port != previous) return *port;
+  }
+  return 0;
 }
 
 AgentPolicyConfig PolicyConfig(const AgentConfig& c) {
@@ -798,7 +808,8 @@ v1::AgentMessage Agent::MakeRejoin(int64_t round,
         absl::ToInt64Milliseconds(config_.workers.options.quarantine));
   }
   m.mutable_rejoin()->set_master_port_candidate(
-      FindFreePort(config_.workers.address, master_port_));
+      FindFreePort(config_.workers.address, master_port_,
+                   config_.workers.options.recovery == Recovery::kInProcess));
   return m;
 }
 
@@ -862,7 +873,8 @@ void Agent::OpenSession(std::optional<int64_t> resume_round,
   join.set_local_world_size(o.local_world_size);
   join.set_node_rank_hint(o.node_rank);
   join.set_master_port_candidate(
-      FindFreePort(config_.workers.address, master_port_));
+      FindFreePort(config_.workers.address, master_port_,
+                   o.recovery == Recovery::kInProcess));
 
   const uint64_t generation = ++session_generation_;
   SessionStream::Handlers handlers;

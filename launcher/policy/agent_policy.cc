@@ -914,9 +914,23 @@ void AgentPolicy::OnProgressRead(const std::vector<ProgressSample>& samples,
 void AgentPolicy::TrackRecovery(const std::vector<ProgressSample>& samples,
                                 absl::Time now, absl::Time wall_now,
                                 AgentEffects* effects) {
-  Recovering& r = *recovering_;
   const int64_t round = assignment_->round();
   const size_t n = std::min(samples.size(), workers_.size());
+  for (size_t i = 0; i < n; ++i) {
+    Worker& w = workers_[i];
+    if (samples[i].stuck && w.alive && w.kept && !w.restarting &&
+        w.round_left < round) {
+      RestartUnreleased(
+          w,
+          absl::StrCat("is blocked forming round ", w.round_left,
+                       "'s process group, waiting for a peer of that round "
+                       "where ctrun.resilient cannot release it, and cannot "
+                       "take round ",
+                       round, "'s world"),
+          now, effects);
+    }
+  }
+  Recovering& r = *recovering_;
   if (r.beats.empty()) {  // not formed yet, as last seen
     absl::Time formed = absl::InfinitePast();
     std::vector<int> unformed;
@@ -1732,16 +1746,27 @@ void AgentPolicy::TickRecovery(absl::Time now, AgentEffects* effects) {
   recovery_deadline_ = absl::InfiniteFuture();
   for (Worker& w : workers_) {
     if (!w.alive || !w.kept || w.round_left >= round || w.restarting) continue;
-    Tell(
-        absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
-                     w.pid, ") did not take round ", round, "'s world within ",
+    RestartUnreleased(
+        w,
+        absl::StrCat("did not take round ", round, "'s world within ",
                      absl::FormatDuration(config_.options.recovery_timeout),
                      " (--recovery_timeout): blocked where ctrun.resilient "
-                     "cannot reach it; restarting it in a new process"),
-        effects);
-    Record("worker_not_recovered", effects).set_rank(w.rank);
-    w.restarting = true;
-    effects->push_back(agent_effect::SignalWorker{w.local_rank, SIGKILL});
+                     "cannot reach it"),
+        now, effects);
+  }
+}
+
+void AgentPolicy::RestartUnreleased(Worker& w, const std::string& why,
+                                    absl::Time now, AgentEffects* effects) {
+  Tell(absl::StrCat("worker rank ", w.rank, " (local ", w.local_rank, ", pid ",
+                    w.pid, ") ", why, "; restarting it in a new process"),
+       effects);
+  Record("worker_not_recovered", effects).set_rank(w.rank);
+  w.restarting = true;
+  effects->push_back(agent_effect::SignalWorker{w.local_rank, SIGKILL});
+  if (recovering_) {
+    recovering_->deadline =
+        std::max(recovering_->deadline, now + config_.options.recovery_timeout);
   }
 }
 

@@ -571,6 +571,11 @@ class AgentPolicy {
   // and ends the round as a hang does (their stacks, then a restart).
   void TrackRecovery(const std::vector<ProgressSample>& samples, absl::Time now,
                      absl::Time wall_now, AgentEffects* effects);
+  // Kills a kept worker that cannot take the round's world (`why`), to
+  // start it anew; the round's deadline leaves its new process the time
+  // any start gets.
+  void RestartUnreleased(Worker& w, const std::string& why, absl::Time now,
+                         AgentEffects* effects);
   // The ranks of an in-process round that did not form the group or step
   // by its deadline, named with where they are.
   void RoundNotRecovered(const std::vector<int>& unformed,

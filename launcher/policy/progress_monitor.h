@@ -66,6 +66,9 @@ struct ProgressSample {
   // It calls the stop check (ctrun.should_stop()), and waits in it now.
   bool stop_aware = false;
   bool held = false;
+  // Released while it formed its communicator, it cannot leave
+  // (progress::kStuck).
+  bool stuck = false;
   int64_t round_left = -1;
   int64_t round_ready = -1;
   absl::Time left_time = absl::InfinitePast();   // when it took round_left

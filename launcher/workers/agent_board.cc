@@ -157,6 +157,7 @@ std::vector<ProgressSample> ProgressBoard::Read() const {
     s.store_used = flags & progress::kStoreUsed;
     s.stop_aware = flags & progress::kStopAware;
     s.held = flags & progress::kHeld;
+    s.stuck = flags & progress::kStuck;
     s.round_left = static_cast<int64_t>(slot->round_left.load()) - 1;
     s.round_ready = static_cast<int64_t>(slot->round_ready.load()) - 1;
     s.left_time = FromMonotonicNs(slot->left_ns.load());

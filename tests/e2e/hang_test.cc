@@ -307,7 +307,10 @@ TEST_CASE("What the Python module writes is what the agent's board reads",
                                     "CTRUN_PROGRESS_FILE=" + (*board)->path(),
                                     absl::StrCat("CTRUN_PROGRESS_SLOT=", slot)};
     if (slot == 1) env.push_back("CTRUN_STACKS_FILE=" + dir + "/stacks.txt");
-    ChildProcess p({"/usr/bin/python3", "-c", code}, env);
+    // Slot 1 also says it cannot leave a round it forms (progress::kStuck).
+    ChildProcess p({"/usr/bin/python3", "-c",
+                    slot == 1 ? code + "ctrun._mark_stuck(True)\n" : code},
+                   env);
     INFO(p.Stderr());
     REQUIRE(p.Wait(absl::Seconds(60)) == 0);
   }
@@ -322,6 +325,8 @@ TEST_CASE("What the Python module writes is what the agent's board reads",
     CHECK(s.done);  // at exit
     CHECK(s.event_time > s.beat_time);
   }
+  CHECK_FALSE(samples[0].stuck);
+  CHECK(samples[1].stuck);
   CHECK_FALSE((*board)->StacksOf(0).on_signal);
   // The flags word itself: done, and nothing else, where no stacks were
   // registered.

@@ -178,6 +178,44 @@ TEST_CASE(
   CHECK(err.find("restarting the workers") == std::string::npos);
 }
 
+// Fails before: the ranks forming round 1's group met round 2's store on
+// the same MASTER_PORT (keys of the wrong round: a refused connection, a
+// broken pipe), the replacement's init_process_group was beyond
+// ctrun.resilient's reach (its error ended the job), and a survivor
+// blocked in Gloo's connect waited out --recovery_timeout, after which the
+// round ended as a hang.
+TEST_CASE(
+    "A second kill while the replacement forms its group opens the next "
+    "round in process, and the job ends exact",
+    "[ctrun][e2e]") {
+  std::vector<std::string> argv = Launch(
+      {Script(), "--steps", "80", "--kill_rank", "1", "--start_delay", "1"});
+  ChildProcess p(argv, {kPython});
+  std::string out;
+  while (auto line = p.ReadLine(kWait)) {
+    out += *line + "\n";
+    if (line->find("forming pid=") != std::string::npos) break;
+  }
+  std::map<int, int> first;  // rank -> pid at the first entry
+  for (const Entry& e : Entries(out)) first.try_emplace(e.rank, e.pid);
+  REQUIRE(first.count(2));
+  // The replacement enters init_process_group as rank 2 dies.
+  kill(first.at(2), SIGKILL);
+  out += p.ReadAll(kWait);
+  const std::string err = p.Stderr();
+  INFO(err << out);
+  REQUIRE(p.Wait(kWait) == 0);
+  std::set<std::string> sums;
+  const std::map<int, int> last = Finals(out, &sums);
+  REQUIRE(last.size() == 4);
+  REQUIRE(sums.size() == 1);
+  CHECK(std::stod(*sums.begin()) == ExpectedSum(80, 4));
+  CHECK(err.find("round 2: ranks 0,1,3 kept their processes; new process "
+                 "for rank 2") != std::string::npos);
+  CHECK(err.find("no restart left") == std::string::npos);
+  CHECK(err.find("--recovery_timeout") == std::string::npos);
+}
+
 // Fails before: after "new process for rank 1" nothing was said while every
 // rank waited in Gloo (30 minutes by default); "recovered" meant only that
 // the group formed.

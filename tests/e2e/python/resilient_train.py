@@ -18,7 +18,8 @@ Options:
   --step_sleep SEC   pause per step (default 0.02)
   --start_delay SEC  a process started in a later round (a replacement)
                      says "starting pid=P round=K" and waits SEC before it
-                     forms its group (a slow start: imports, a dataset)
+                     forms its group (a slow start: imports, a dataset),
+                     then says "forming pid=P"
   --checkpoint FILE  rank 0 saves the state there after each step, and every
                      process starts from it when it exists (a job restarted
                      the old way resumes from it)
@@ -119,6 +120,7 @@ ctrun.wait_for_slot()
 if args.start_delay and os.environ.get("TORCHELASTIC_RESTART_COUNT") != "0":
     print(f"starting pid={os.getpid()} round={ctrun.round()}", flush=True)
     time.sleep(args.start_delay)
+    print(f"forming pid={os.getpid()}", flush=True)
 dist.init_process_group("gloo")
 world = train()
 print(

@@ -32,7 +32,7 @@
 //         48   u64 sections_done  outermost sections completed
 //         56   u32 flags          kUntimed, kStacksOnSignal, kDone,
 //                                 kResilient, kStoreUsed, kStopAware,
-//                                 kHeld
+//                                 kHeld, kStuck
 //         60   u32 stack_signal   the signal that dumps Python stacks
 //         64   u32 round_left     in-process recovery: 1 + the round whose
 //                                 world the worker took (it left the one
@@ -92,6 +92,11 @@ inline constexpr uint32_t kStoreUsed = 1u << 4;
 inline constexpr uint32_t kStopAware = 1u << 5;
 // It waits in its stop check for the step to be decided (kStopHold).
 inline constexpr uint32_t kHeld = 1u << 6;
+// Told to leave its round while it formed its communicator, it is still
+// blocked there, in native code that neither a signal nor a closed socket
+// ends (a peer it waits for went with the old round): only a new process
+// takes the new world.
+inline constexpr uint32_t kStuck = 1u << 7;
 
 // Header stop_state: how the stop check answers.
 // Coordinated stops are off (--preemption_grace=off): signals act as always.

@@ -67,6 +67,7 @@ _DONE_FLAG = 4
 _RESILIENT = 8
 _STOP_AWARE = 32
 _HELD = 64
+_STUCK = 128
 # Header: the coordinated stop the agent posts (ctrun --preemption_grace).
 _STOP_STATE_OFFSET = 16  # u32
 _STOP_STEP_OFFSET = 24  # i64
@@ -270,6 +271,13 @@ def _mark_round(which, round_number):
     if _map is not None:
         _words[_base + _ROUND_TIMES + which] = _now()
         struct.pack_into("<I", _map, _offset + _ROUNDS_OFFSET + 4 * which, round_number + 1)
+
+
+def _mark_stuck(on):
+    """The slot says that this worker, released while it formed its
+    group, cannot leave: the agent starts it anew."""
+    if _map is not None:
+        _mark(_STUCK, on)
 
 
 def _forget():

@@ -22,6 +22,11 @@ CTRUN_RECOVERY_GRACE seconds, 2 by default) is the worker's own failure:
 it propagates as without the wrapper. Outside ctrun, without
 --recovery=inprocess, or off the main thread, `resilient(fn)` just calls
 `fn`.
+
+A new process of a later round (a replacement) forms its group before it
+reaches `resilient`: its `init_process_group` on env:// is released and
+formed again in the same way when the round it forms in ends (another
+failure meanwhile), instead of failing on the dead peer's sockets.
 """
 
 import functools
@@ -33,8 +38,16 @@ import time
 
 _POLL = 0.005  # the world file, this often
 _SWEEP_AFTER = 0.05  # a main thread still inside this long: break its sockets
+# A main thread forming its group still inside this long after its release:
+# blocked in native code for a peer of the old round (a Gloo pair waiting
+# for a connection never comes); its agent starts it anew.
+_STUCK_AFTER = 1.0
 _MASTER_WAIT = 120.0  # the new master's store, at most this long
 _FRESH_MASTER_WAIT = 60.0  # a fresh process's wait, before torch's own
+
+# The _Recovery that runs in this process, if any: it, not the env://
+# handler, moves the process between worlds.
+_active = None
 
 
 class RoundChanged(Exception):
@@ -170,9 +183,10 @@ def _take_newer_world():
     """A new process of an in-process round that is still starting when the
     next round comes is kept into it (it is resilient-to-be): as it forms
     its group, it takes the newest world from its world file, waiting while
-    a round it was started for ends and the next one is decided."""
+    a round it was started for ends and the next one is decided. Not where
+    a _Recovery moves the process (a survivor forming its group again)."""
     path = os.environ.get("CTRUN_WORLD_FILE")
-    if os.environ.get("CTRUN_RECOVERY") != "inprocess" or not path:
+    if os.environ.get("CTRUN_RECOVERY") != "inprocess" or not path or _active:
         return
     try:
         mine = int(os.environ.get("CTRUN_STORE_ROUND", "0"))
@@ -233,6 +247,8 @@ def _patch_env_rendezvous(module):
             if os.environ.get("CTRUN_PROGRESS_PID") == str(os.getpid()):
                 _take_newer_world()
             _await_master(url, kwargs.get("timeout"))
+        except RoundChanged:
+            raise  # released: the round it forms in ended
         except Exception:  # the wait is an optimisation: never the failure
             pass
         return original(url, **kwargs)
@@ -241,15 +257,59 @@ def _patch_env_rendezvous(module):
     handlers["env"] = env_handler
 
 
-class _RendezvousFinder:
-    """Patches torch.distributed.rendezvous as it is imported; finds nothing
-    else (every other import goes on down sys.meta_path)."""
+def _forms_on_env(args, kwargs):
+    """Whether init_process_group(*args, **kwargs) forms the default group
+    through env://, the store of the world file's master."""
+    if len(args) > 1 or kwargs.get("store") is not None:
+        return False
+    return kwargs.get("init_method") in (None, "env://")
 
-    _NAME = "torch.distributed.rendezvous"
+
+def _patch_init(module):
+    """Has `module` (torch.distributed) form the default group of a new
+    process of an in-process round as resilient() would: released and
+    formed again in the next world when the round ends meanwhile; once per
+    module, its distributed_c10d's name included."""
+    original = getattr(module, "init_process_group", None)
+    if original is None or getattr(original, "_ctrun_forms", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        path = os.environ.get("CTRUN_WORLD_FILE")
+        if (
+            _active is not None  # resilient() forms it, or fn does
+            or os.environ.get("CTRUN_RECOVERY") != "inprocess"
+            or not path
+            or os.environ.get("CTRUN_PROGRESS_PID") != str(os.getpid())
+            or threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "SIGRTMIN")
+            or not _forms_on_env(args, kwargs)
+        ):
+            return original(*args, **kwargs)
+        return _Recovery(path, forming=True).run(original, args, kwargs)
+
+    init_process_group._ctrun_forms = True
+    module.init_process_group = init_process_group
+    c10d = getattr(module, "distributed_c10d", None)
+    if getattr(c10d, "init_process_group", None) is original:
+        c10d.init_process_group = init_process_group
+
+
+class _TorchFinder:
+    """Patches torch.distributed.rendezvous and torch.distributed as they
+    are imported; finds nothing else (every other import goes on down
+    sys.meta_path)."""
+
+    _PATCHES = {
+        "torch.distributed.rendezvous": _patch_env_rendezvous,
+        "torch.distributed": _patch_init,
+    }
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name != cls._NAME:
+        patch = cls._PATCHES.get(name)
+        if patch is None:
             return None
         import importlib.machinery
 
@@ -261,7 +321,7 @@ class _RendezvousFinder:
 
         def exec_module(module):
             run(module)
-            _patch_env_rendezvous(module)
+            patch(module)
 
         loader.exec_module = exec_module
         return spec
@@ -272,14 +332,19 @@ def _install_master_wait():
     init_process_group before rank 0's TCPStore listens, above all in a
     round where rank 0 kept its process and forms its store anew; torch's
     client then retries only a second later. Under ctrun, env:// waits for
-    the listener first."""
+    the listener first. And a new process of an in-process round forms its
+    group as resilient() would (see _patch_init)."""
     import sys
 
-    module = sys.modules.get(_RendezvousFinder._NAME)
-    if module is not None:
-        _patch_env_rendezvous(module)
-    elif _RendezvousFinder not in sys.meta_path:
-        sys.meta_path.insert(0, _RendezvousFinder)
+    missing = False
+    for name, patch in _TorchFinder._PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            missing = True
+    if missing and _TorchFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _TorchFinder)
 
 
 def _forget_unformed_group(dist):
@@ -297,11 +362,19 @@ def _forget_unformed_group(dist):
 
 
 class _Recovery:
-    def __init__(self, path):
-        from . import _mark_resilient, _mark_round
+    """Runs fn in the world of the world file at `path`, and again in each
+    newer one. forming: fn is init_process_group itself (a new process
+    forming its group): nothing to form around it, and the worker is not
+    marked resilient by it."""
+
+    def __init__(self, path, forming=False):
+        from . import _mark_resilient, _mark_round, _mark_stuck
 
         self._path = path
+        self._forming = forming
         self._mark_round = _mark_round
+        self._mark_stuck = _mark_stuck
+        self._formation = False  # the main thread forms the group
         try:
             self._round = int(os.environ.get("CTRUN_STORE_ROUND", "0"))
         except ValueError:
@@ -317,7 +390,8 @@ class _Recovery:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="ctrun-recovery", daemon=True)
         self._thread.start()
-        _mark_resilient()
+        if not forming:
+            _mark_resilient()
         _mark_round(0, self._round)
 
     # --- the helper thread ------------------------------------------------
@@ -356,14 +430,34 @@ class _Recovery:
             self._released = True
             entry = self._entries
             signal.pthread_kill(main, self._signal)
-        time.sleep(_SWEEP_AFTER)
-        with self._lock:
-            # Still inside the same entry: blocked where no signal reaches
-            # (a collective waiting for a dead peer). Never once the main
-            # thread has left: the sockets would be the new round's.
-            if self._inside and self._entries == entry:
-                if not _abort_nccl():
-                    _sweep_sockets()
+        aborted = stuck = False
+        released = time.monotonic()
+        try:
+            while not self._done.wait(_SWEEP_AFTER):
+                with self._lock:
+                    # Still inside the same entry: blocked where no signal
+                    # reaches (a collective waiting for a dead peer), or
+                    # where the exception was swallowed and it went on to
+                    # connect again: until it leaves, every socket it holds
+                    # is the old round's. Never once it has left: they
+                    # would be the new round's.
+                    if not (self._inside and self._entries == entry):
+                        return
+                    if aborted or not _abort_nccl():
+                        _sweep_sockets()
+                    aborted = True
+                    # Only while forming: a long native call in fn (a
+                    # checkpoint's write) ends on its own, with the state.
+                    if (
+                        not stuck
+                        and self._formation
+                        and time.monotonic() - released > _STUCK_AFTER
+                    ):
+                        stuck = True
+                        self._mark_stuck(True)
+        finally:
+            if stuck:
+                self._mark_stuck(False)
 
     def _on_signal(self, signum, frame):
         if self._inside and self._released:
@@ -375,11 +469,14 @@ class _Recovery:
         return self._latest is not None
 
     def run(self, fn, args, kwargs):
+        global _active
+        outer, _active = _active, self
         try:
             return self._run(fn, args, kwargs)
         finally:
             # Nothing of this call outlives it: a later resilient call
             # watches afresh.
+            _active = outer
             self._done.set()
             self._thread.join()
             previous = self._previous
@@ -387,6 +484,17 @@ class _Recovery:
 
     def _run(self, fn, args, kwargs):
         reform = None  # the backend to form again, once in a new round
+        options = {}  # and init_process_group's options for it
+        if self._forming:
+            # fn is init_process_group: from round 1 on, the group is formed
+            # as the kept ranks form it (_form), with the caller's backend
+            # and options; its own world's variables are the world file's.
+            reform = args[0] if args else kwargs.get("backend", "")
+            options = {
+                k: v
+                for k, v in kwargs.items()
+                if k not in ("backend", "init_method", "store", "rank", "world_size")
+            }
         while True:
             try:
                 with self._lock:
@@ -395,16 +503,27 @@ class _Recovery:
                     self._inside = True
                     self._released = False
                     self._entries += 1
-                if reform is not None:
-                    self._form(reform)
-                self._mark_round(1, self._round)
-                result = fn(*args, **kwargs)
+                self._formation = self._forming or reform is not None
+                if self._forming and self._round == 0:
+                    result = fn(*args, **kwargs)  # torch's env://, as is
+                elif self._forming:
+                    result = self._form(reform, options)
+                else:
+                    if reform is not None:
+                        self._form(reform, options)
+                    self._formation = False
+                    self._mark_round(1, self._round)
+                    result = fn(*args, **kwargs)
                 with self._lock:
                     self._inside = False
+                    self._formation = False
+                if self._forming:
+                    self._mark_round(1, self._round)
                 return result
             except BaseException as error:
                 with self._lock:
                     self._inside = False
+                    self._formation = False
                 world = self._next_world(error)
                 # Released while it formed the group again (a second
                 # failure then): there is no group to tell the backend, so
@@ -456,38 +575,33 @@ class _Recovery:
         self._mark_round(0, self._round)
         return backend or ""
 
-    def _form(self, backend):
+    def _form(self, backend, options):
+        """Forms the default group of this round's world: over rank 0's
+        TCPStore on MASTER_ADDR:MASTER_PORT, under a prefix of the round's
+        own, so that nothing a rank wrote while it formed an earlier round's
+        group (on the same port, with a fixed --master_port) is read."""
         if not backend:
-            return
+            return None
         import torch.distributed as dist
+        from datetime import timedelta
 
-        if os.environ.get("RANK") != "0":
-            _wait_listening(
-                os.environ["MASTER_ADDR"],
-                int(os.environ["MASTER_PORT"]),
-                time.monotonic() + _MASTER_WAIT,
-            )
-            dist.init_process_group(backend)
-            return
+        options = dict(options)
+        timeout = options.pop(
+            "timeout", getattr(dist, "default_pg_timeout", timedelta(minutes=30))
+        )
+        rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        if rank != 0:
+            _wait_listening(host, port, time.monotonic() + _MASTER_WAIT)
         # torch's env:// store on rank 0 waits for the other ranks without
         # letting go of the GIL: a rank dying meanwhile (a second failure
         # while the group forms again) would leave this process where its
         # recovery thread cannot release it. A store that does not wait
         # leaves the wait to the backend's own rendezvous, which lets go of
         # the GIL and fails once its sockets are swept.
-        from datetime import timedelta
-
-        timeout = getattr(dist, "default_pg_timeout", timedelta(minutes=30))
-        world = int(os.environ["WORLD_SIZE"])
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            world,
-            True,
-            timeout,
-            wait_for_workers=False,
+        store = dist.TCPStore(host, port, world, rank == 0, timeout, wait_for_workers=False)
+        prefixed = dist.PrefixStore("ctrun/round/%d/default_pg" % self._round, store)
+        return dist.init_process_group(
+            backend, store=prefixed, rank=rank, world_size=world, timeout=timeout, **options
         )
-        # The prefix env:// gives the default group's keys (torch adds it
-        # only to a store it made itself).
-        prefixed = dist.PrefixStore("default_pg", store)
-        dist.init_process_group(backend, store=prefixed, rank=0, world_size=world)

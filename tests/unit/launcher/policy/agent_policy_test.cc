@@ -2127,6 +2127,50 @@ TEST_CASE("A survivor that does not take the new world is restarted",
   CHECK_FALSE(h.Has<e::StartWorkers>());
 }
 
+// Fails before: a survivor blocked in Gloo's connect for a peer of the old
+// round waited out --recovery_timeout, and the round then ended as a hang
+// because its new process had no time left to start.
+TEST_CASE(
+    "A survivor stuck forming the old round's group is restarted at once, "
+    "its new process given the time a start gets",
+    "[agent][unit]") {
+  Harness h(InProcess(2));
+  h.Assign(0);
+  h.Progress(Resilient({true, true}));
+  h.Message(Restart(1, "node b was lost"));
+  h.AssignOnly(1, /*first=*/0, /*world=*/2);
+  std::vector<ProgressSample> samples = Resilient({true, true}, 0);
+  samples[0].round_left = 1;
+  h.Progress(samples);
+  CHECK_FALSE(h.Has<e::SignalWorker>());
+  h.Advance(absl::Seconds(4));
+  samples[1].stuck = true;
+  h.Progress(samples);
+  REQUIRE(h.Has<e::SignalWorker>());
+  CHECK(h.Get<e::SignalWorker>().local_rank == 1);
+  CHECK(h.Get<e::SignalWorker>().signal == SIGKILL);
+  CHECK(
+      h.Said("worker rank 1 (local 1, pid 101) is blocked forming round "
+             "0's process group"));
+  CHECK(h.Said("cannot take round 1's world; restarting it in a new process"));
+  h.Exit(1, 0, SIGKILL);
+  CHECK(h.Reports().empty());  // no failure
+  REQUIRE(h.Has<e::StartWorkers>());
+  h.Started({1});
+  // Past the round's first deadline (5s after its start) the new process
+  // is still forming: not yet a hang.
+  std::vector<ProgressSample> forming = Resilient({true, false}, 1);
+  forming[1].round_left = 1;
+  h.Advance(absl::Seconds(3));
+  h.Progress(forming);
+  CHECK_FALSE(h.Said("has not recovered"));
+  CHECK_FALSE(h.Has<e::CollectEvidence>());
+  // Its own --recovery_timeout after the restart, it is.
+  h.Advance(absl::Seconds(3));
+  h.Progress(forming);
+  CHECK(h.Said("round 1 has not recovered within 5s"));
+}
+
 // Fails before: the replacement had not reached ctrun.resilient yet, so the
 // node restarted every process and blamed it.
 TEST_CASE(
