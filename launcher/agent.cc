@@ -793,7 +793,7 @@ void Agent::Apply(const AgentEffect& effect) {
     v1::Event event = record->event;
     if (!event.has_job()) event.set_job(config_.workers.options.run_id);
     // As the rendezvous names this node (rendezvous_core.cc, Node::Name).
-    event.set_node(absl::StrCat(config_.workers.hostname, ":", getpid()));
+    event.set_node(absl::StrCat(config_.workers.NodeName(), ":", getpid()));
     config_.event_log->Write("agent", std::move(event));
   }
 }
@@ -861,6 +861,9 @@ void Agent::OpenSession(std::optional<int64_t> resume_round,
   s->set_spares(o.spares);
   join.set_segment(o.segment);
   join.mutable_node()->set_hostname(config_.workers.hostname);
+  if (config_.workers.NodeName() != config_.workers.hostname) {
+    join.mutable_node()->set_name(config_.workers.NodeName());
+  }
   join.mutable_node()->set_pid(getpid());
   // A fresh incarnation for each join; a resume keeps the node's.
   if (!resume_round || incarnation_ == 0) {

@@ -453,6 +453,7 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   w.env = std::move(env);
   w.env[env::kContainmentMark] = mark;
   w.hostname = Hostname();
+  w.name = plan.name;
   w.address = plan.address;
   w.run_dir = *run_dir;
   w.watchdog = &*watchdog;

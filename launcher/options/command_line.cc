@@ -203,8 +203,9 @@ constexpr FlagSpec kFlags[] = {
      "each stream that only ctrun's terminal shows, as torchrun's workers "
      "write to its terminal"},
     {"log_line_prefix_template", 0, Kind::kValue, kDefaultPrefix, "TEMPLATE",
-     "prefix of every worker line: ${host} ${rank} ${local_rank} "
-     "${group_rank} ${role_name}; empty for none"},
+     "prefix of every worker line: ${host} (the --local_addr given, else "
+     "the hostname) ${rank} ${local_rank} ${group_rank} ${role_name}; empty "
+     "for none"},
     {"dry_run", 0, Kind::kBool, "0", "",
      "print the launch plan with each value's source, start nothing"},
     {"allow_batch_step", 0, Kind::kBool, "0", "",

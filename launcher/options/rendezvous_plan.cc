@@ -153,6 +153,13 @@ absl::StatusOr<RendezvousPlan> PlanRendezvous(
   if (auto s = CheckLocalAddress(o); !s.ok()) return s;
   RendezvousPlan plan;
   plan.tls = !o.tls_ca.empty();
+  const bool local_addr_given = std::none_of(
+      o.settings.begin(), o.settings.end(), [](const auto& setting) {
+        return setting.name == "local_addr" &&
+               setting.source == Source::kDerived;
+      });
+  plan.name =
+      !o.local_addr.empty() && local_addr_given ? o.local_addr : hostname;
   if (o.standalone || o.rdzv_endpoint.empty()) {
     plan.host = true;
     plan.host_reason = "a single node";

@@ -26,6 +26,11 @@ struct RendezvousPlan {
   bool inferred = false;
   std::string host_reason;  // why this node hosts or connects, for --dry_run
   std::string address;      // advertised: MASTER_ADDR when group rank 0
+  // How this node is named in its workers' line prefixes (${host}) and in
+  // the rendezvous's messages: the --local_addr the user gave, where it is
+  // not the host's name (several nodes of one machine are told apart by
+  // it), else the host's name.
+  std::string name;
   // Said once at start when the advertised address is not the one the
   // user gave (a static node 0 whose --master_addr is not its own).
   std::string notice;

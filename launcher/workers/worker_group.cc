@@ -74,7 +74,7 @@ std::string WorkerGroup::Prefix(int local_rank, const std::string& rank,
                                 const std::string& group_rank) const {
   const auto& o = config_.options;
   return ExpandTemplate(o.log_line_prefix_template,
-                        {{"host", config_.hostname},
+                        {{"host", config_.NodeName()},
                          {"rank", rank},
                          {"local_rank", absl::StrCat(local_rank)},
                          {"group_rank", group_rank},

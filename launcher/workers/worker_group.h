@@ -42,6 +42,7 @@ struct WorkerGroupConfig {
   std::vector<std::string> worker_argv;
   EnvMap env;  // the agent's own environment, inherited by the workers
   std::string hostname;
+  std::string name;     // RendezvousPlan::name; empty: the hostname
   std::string address;  // this node's, for the workers
   StoreAccess store;
   std::string run_dir;  // attempt_N/LOCAL_RANK/ go below
@@ -53,6 +54,9 @@ struct WorkerGroupConfig {
   Spawner* spawner = nullptr;    // not owned; an ExecSpawner when null
   Console* out = nullptr;        // not owned
   Console* err = nullptr;        // not owned
+
+  // How this node is named: in line prefixes (${host}), events, messages.
+  const std::string& NodeName() const { return name.empty() ? hostname : name; }
 };
 
 class WorkerGroup {

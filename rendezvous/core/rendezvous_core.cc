@@ -208,6 +208,10 @@ absl::Status ValidateJoin(const v1::Join& join, bool port_fixed) {
     return absl::InvalidArgumentError(
         absl::StrCat("hostname must be 1..", kMaxHostBytes, " bytes"));
   }
+  if (node.name().size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node name must be 0..", kMaxHostBytes, " bytes"));
+  }
   if (node.incarnation() == 0) {
     return absl::InvalidArgumentError("node incarnation must not be 0");
   }

@@ -57,7 +57,9 @@ struct RendezvousCore::Node {
     return previous_group_rank >= 0 ? previous_group_rank : spare_slot;
   }
   std::string Name() const {
-    return absl::StrCat(join.node().hostname(), ":", join.node().pid());
+    const auto& node = join.node();
+    return absl::StrCat(node.name().empty() ? node.hostname() : node.name(),
+                        ":", node.pid());
   }
 };
 

@@ -384,8 +384,25 @@ TEST_CASE("Killing one agent restarts the survivors with a smaller world",
   std::ofstream(done) << "";
   CHECK(a->Wait(kWait) == 0);
   CHECK(b->Wait(kWait) == 0);
-  CHECK(a->Stderr().find("was lost") != std::string::npos);
+  // Named by its --local_addr: every node here has the same hostname.
+  CHECK(a->Stderr().find(absl::StrCat("node 127.0.0.4:", c->pid(),
+                                      " was lost")) != std::string::npos);
   std::filesystem::remove(done);
+}
+
+TEST_CASE("Workers of a node started with --local_addr are prefixed with it",
+          "[multinode][integration]") {
+  const std::vector<std::string> flags = {"--standalone", "--nproc_per_node=2",
+                                          "--local_addr=127.0.0.2"};
+  std::vector<std::string> argv = {CtrunPath()};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"/bin/sh", "-c", "echo hello"});
+  ChildProcess p(argv);
+  const std::string out = p.ReadAll(kWait);
+  INFO(out << p.Stderr());
+  CHECK(p.Wait(kWait) == 0);
+  CHECK(out.find("[127.0.0.2:0]: hello") != std::string::npos);
+  CHECK(out.find("[127.0.0.2:1]: hello") != std::string::npos);
 }
 
 TEST_CASE("Agents stopped by a signal one after another ask each worker once",

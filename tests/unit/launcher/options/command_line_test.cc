@@ -297,6 +297,26 @@ TEST_CASE("Multi-node launches need an endpoint or a static master",
         "10.0.0.5");
 }
 
+TEST_CASE("A node is named by the --local_addr given, else by its hostname",
+          "[options][unit]") {
+  auto given = Parse({"--nnodes=2", "--rdzv_endpoint=127.0.0.1:29400",
+                      "--local_addr=127.0.0.3", "t"});
+  REQUIRE(given.ok());
+  auto plan = PlanRendezvous(given->options, "vm", {});
+  REQUIRE(plan.ok());
+  CHECK(plan->name == "127.0.0.3");
+  // One derived from a single node's --master_addr names nothing new.
+  auto derived = Parse({"--master_addr=127.0.0.1", "t"});
+  REQUIRE(derived.ok());
+  REQUIRE(derived->options.local_addr == "127.0.0.1");
+  plan = PlanRendezvous(derived->options, "vm", {});
+  REQUIRE(plan.ok());
+  CHECK(plan->name == "vm");
+  auto standalone = Parse({"--standalone", "t"});
+  REQUIRE(standalone.ok());
+  CHECK(PlanRendezvous(standalone->options, "vm", {})->name == "vm");
+}
+
 TEST_CASE("Several rendezvous endpoints are ctrund replicas, never hosted",
           "[launcher][unit]") {
   auto parsed = Parse({"--nnodes=2", "--rdzv_backend=c10d",

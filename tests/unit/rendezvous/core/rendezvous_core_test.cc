@@ -452,6 +452,28 @@ TEST_CASE("A closed session during the round loses its node at once",
   CHECK(restart->restart_count() == 0);
 }
 
+// Fails before: nodes of one machine (agents on 127.0.0.2 and 127.0.0.3)
+// were all "vm:PID" in messages.
+TEST_CASE("A node that gives a name is named by it, its hostname kept",
+          "[rendezvous][unit]") {
+  Harness h(2, 2);
+  h.Join(1, "vm");
+  v1::Join join = h.MakeJoin(2, "vm");
+  join.mutable_node()->set_name("127.0.0.3");
+  h.SendJoin(2, join);
+  h.Close(2);
+  auto restart = h.LastRestart(1);
+  REQUIRE(restart);
+  CHECK(restart->detail().find("node 127.0.0.3:1002 was lost") !=
+        std::string::npos);
+  // A name longer than a hostname may be is refused, as such a hostname is.
+  Harness g(1, 1);
+  v1::Join long_name = g.MakeJoin(1, "vm");
+  long_name.mutable_node()->set_name(std::string(256, 'n'));
+  g.SendJoin(1, long_name);
+  CHECK_FALSE(g.LastAssignment(1));
+}
+
 TEST_CASE("A node without heartbeats is lost after the heartbeat timeout",
           "[rendezvous][unit]") {
   Harness h(1, 2);
