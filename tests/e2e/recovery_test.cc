@@ -133,49 +133,60 @@ TEST_CASE(
   CHECK(log.find("\"detail\":\"warm\"") != std::string::npos);
 }
 
+// A job whose rank 1 kills itself at step 20 and whose replacement waits
+// `start_delay` seconds before it forms its group; rank 2 is killed as the
+// replacement prints `when`. Requires the job to end 0.
+struct SecondKill {
+  std::string out, err;
+  std::map<int, int> first;  // rank -> pid at its first entry
+  std::map<int, int> last;   // rank -> pid at its final line
+  std::set<std::string> sums;
+};
+
+SecondKill KillRank2When(const std::string& start_delay,
+                         const std::string& when) {
+  SecondKill k;
+  ChildProcess p(Launch({Script(), "--steps", "80", "--kill_rank", "1",
+                         "--start_delay", start_delay}),
+                 {kPython});
+  while (auto line = p.ReadLine(kWait)) {
+    k.out += *line + "\n";
+    if (line->find(when) != std::string::npos) break;
+  }
+  for (const Entry& e : Entries(k.out)) k.first.try_emplace(e.rank, e.pid);
+  REQUIRE(k.first.count(2));
+  kill(k.first.at(2), SIGKILL);
+  k.out += p.ReadAll(kWait);
+  k.err = p.Stderr();
+  INFO(k.err << k.out);
+  REQUIRE(p.Wait(kWait) == 0);
+  k.last = Finals(k.out, &k.sums);
+  REQUIRE(k.last.size() == 4);
+  REQUIRE(k.sums.size() == 1);
+  CHECK(std::stod(*k.sums.begin()) == ExpectedSum(80, 4));
+  CHECK(k.err.find("round 2: ranks 0,1,3 kept their processes; new process "
+                   "for rank 2") != std::string::npos);
+  return k;
+}
+
 // Fails before: the replacement had not reached ctrun.resilient when rank
 // 2 died, so every process was restarted and the replacement was blamed.
 TEST_CASE(
     "A second kill while the replacement still starts opens the next round "
     "in process, the replacement kept",
     "[ctrun][e2e]") {
-  std::vector<std::string> argv = Launch(
-      {Script(), "--steps", "80", "--kill_rank", "1", "--start_delay", "4"});
-  ChildProcess p(argv, {kPython});
-  std::string out;
-  auto read_until = [&](const std::string& needle) {
-    while (auto line = p.ReadLine(kWait)) {
-      out += *line + "\n";
-      if (line->find(needle) != std::string::npos) return true;
-    }
-    return false;
-  };
-  REQUIRE(read_until("starting pid="));  // the replacement, asleep
-  std::map<int, int> first;              // rank -> pid at the first entry
-  for (const Entry& e : Entries(out)) first.try_emplace(e.rank, e.pid);
-  REQUIRE(first.count(2));
-  kill(first.at(2), SIGKILL);
-  out += p.ReadAll(kWait);
-  const std::string err = p.Stderr();
-  INFO(out << err);
-  REQUIRE(p.Wait(kWait) == 0);
-  std::set<std::string> sums;
-  const std::map<int, int> last = Finals(out, &sums);
-  REQUIRE(last.size() == 4);
-  for (int rank : {0, 3}) CHECK(last.at(rank) == first.at(rank));
+  const SecondKill k = KillRank2When("4", "starting pid=");  // it sleeps
+  INFO(k.err << k.out);
+  for (int rank : {0, 3}) CHECK(k.last.at(rank) == k.first.at(rank));
   // Rank 1's replacement was kept into round 2: the process that was
   // asleep at the second kill ends the job.
   static const std::regex kStarting("starting pid=([0-9]+) round=1");
   std::smatch m;
-  REQUIRE(std::regex_search(out, m, kStarting));
-  CHECK(last.at(1) == std::stoi(m[1]));
-  CHECK(last.at(2) != first.at(2));
-  REQUIRE(sums.size() == 1);
-  CHECK(std::stod(*sums.begin()) == ExpectedSum(80, 4));
-  CHECK(err.find("round 2: ranks 0,1,3 kept their processes; new process "
-                 "for rank 2") != std::string::npos);
-  CHECK(err.find("does not run under ctrun.resilient") == std::string::npos);
-  CHECK(err.find("restarting the workers") == std::string::npos);
+  REQUIRE(std::regex_search(k.out, m, kStarting));
+  CHECK(k.last.at(1) == std::stoi(m[1]));
+  CHECK(k.last.at(2) != k.first.at(2));
+  CHECK(k.err.find("does not run under ctrun.resilient") == std::string::npos);
+  CHECK(k.err.find("restarting the workers") == std::string::npos);
 }
 
 // Fails before: the ranks forming round 1's group met round 2's store on
@@ -188,32 +199,11 @@ TEST_CASE(
     "A second kill while the replacement forms its group opens the next "
     "round in process, and the job ends exact",
     "[ctrun][e2e]") {
-  std::vector<std::string> argv = Launch(
-      {Script(), "--steps", "80", "--kill_rank", "1", "--start_delay", "1"});
-  ChildProcess p(argv, {kPython});
-  std::string out;
-  while (auto line = p.ReadLine(kWait)) {
-    out += *line + "\n";
-    if (line->find("forming pid=") != std::string::npos) break;
-  }
-  std::map<int, int> first;  // rank -> pid at the first entry
-  for (const Entry& e : Entries(out)) first.try_emplace(e.rank, e.pid);
-  REQUIRE(first.count(2));
   // The replacement enters init_process_group as rank 2 dies.
-  kill(first.at(2), SIGKILL);
-  out += p.ReadAll(kWait);
-  const std::string err = p.Stderr();
-  INFO(err << out);
-  REQUIRE(p.Wait(kWait) == 0);
-  std::set<std::string> sums;
-  const std::map<int, int> last = Finals(out, &sums);
-  REQUIRE(last.size() == 4);
-  REQUIRE(sums.size() == 1);
-  CHECK(std::stod(*sums.begin()) == ExpectedSum(80, 4));
-  CHECK(err.find("round 2: ranks 0,1,3 kept their processes; new process "
-                 "for rank 2") != std::string::npos);
-  CHECK(err.find("no restart left") == std::string::npos);
-  CHECK(err.find("--recovery_timeout") == std::string::npos);
+  const SecondKill k = KillRank2When("1", "forming pid=");
+  INFO(k.err << k.out);
+  CHECK(k.err.find("no restart left") == std::string::npos);
+  CHECK(k.err.find("--recovery_timeout") == std::string::npos);
 }
 
 // Fails before: after "new process for rank 1" nothing was said while every

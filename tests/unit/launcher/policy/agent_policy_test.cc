@@ -2094,17 +2094,23 @@ TEST_CASE("In-process recovery of a lost node starts no process",
   CHECK(h.policy().phase() == Phase::kRunning);
 }
 
-TEST_CASE("A survivor that does not take the new world is restarted",
-          "[agent][unit]") {
-  Harness h(InProcess(2));
+// Two resilient workers kept into round 1 (a node lost); local rank 0
+// takes its world, local rank 1 stays in round 0. Their slots as read.
+std::vector<ProgressSample> OneSurvivorLeftBehind(Harness& h) {
   h.Assign(0);
   h.Progress(Resilient({true, true}));
   h.Message(Restart(1, "node b was lost"));
   h.AssignOnly(1, /*first=*/0, /*world=*/2);
-  // Local rank 0 takes round 1; local rank 1 stays in round 0.
   std::vector<ProgressSample> samples = Resilient({true, true}, 0);
   samples[0].round_left = 1;
   h.Progress(samples);
+  return samples;
+}
+
+TEST_CASE("A survivor that does not take the new world is restarted",
+          "[agent][unit]") {
+  Harness h(InProcess(2));
+  OneSurvivorLeftBehind(h);
   h.Advance(absl::Seconds(4));
   CHECK_FALSE(h.Has<e::SignalWorker>());
   h.Advance(absl::Seconds(2));
@@ -2135,13 +2141,7 @@ TEST_CASE(
     "its new process given the time a start gets",
     "[agent][unit]") {
   Harness h(InProcess(2));
-  h.Assign(0);
-  h.Progress(Resilient({true, true}));
-  h.Message(Restart(1, "node b was lost"));
-  h.AssignOnly(1, /*first=*/0, /*world=*/2);
-  std::vector<ProgressSample> samples = Resilient({true, true}, 0);
-  samples[0].round_left = 1;
-  h.Progress(samples);
+  std::vector<ProgressSample> samples = OneSurvivorLeftBehind(h);
   CHECK_FALSE(h.Has<e::SignalWorker>());
   h.Advance(absl::Seconds(4));
   samples[1].stuck = true;
