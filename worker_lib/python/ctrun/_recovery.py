@@ -489,7 +489,8 @@ class _Recovery:
             # fn is init_process_group: from round 1 on, the group is formed
             # as the kept ranks form it (_form), with the caller's backend
             # and options; its own world's variables are the world file's.
-            reform = args[0] if args else kwargs.get("backend", "")
+            # None: torch's default backend (torch >= 2.0).
+            reform = args[0] if args else kwargs.get("backend")
             options = {
                 k: v
                 for k, v in kwargs.items()
@@ -579,8 +580,9 @@ class _Recovery:
         """Forms the default group of this round's world: over rank 0's
         TCPStore on MASTER_ADDR:MASTER_PORT, under a prefix of the round's
         own, so that nothing a rank wrote while it formed an earlier round's
-        group (on the same port, with a fixed --master_port) is read."""
-        if not backend:
+        group (on the same port, with a fixed --master_port) is read. ""
+        (no group before): nothing to form."""
+        if backend == "":
             return None
         import torch.distributed as dist
         from datetime import timedelta
