@@ -281,30 +281,13 @@ absl::StatusOr<Rendezvous> ReachRendezvous(const LaunchOptions& options,
   return Rendezvous{std::move(server), endpoint, std::move(*connection)};
 }
 
-// `ctrun status`: the job as its rendezvous holds it, reached and
-// authenticated as the job's own agents reach it.
-int RunStatus(const CommandLine& command, const EnvMap& env) {
-  const LaunchOptions& options = command.options;
-  if (options.rdzv_endpoint.empty()) {
-    return Fail(
-        "status: no rendezvous to ask: give the job's "
-        "--rdzv_endpoint=HOST:PORT and --rdzv_id (a --standalone job's "
-        "rendezvous lives inside its ctrun and cannot be asked)",
-        kUsageError);
-  }
-  auto plan = PlanRendezvous(options, Hostname(), env);
-  if (!plan.ok()) {
-    return Fail(absl::StrCat("status: ", plan.status().message()), kUsageError);
-  }
-  auto credentials = ResolveCredentials(options, env, *plan);
-  if (!credentials.ok()) {
-    return Fail(absl::StrCat("status: ", credentials.status().message()),
-                kUsageError);
-  }
-  // Another step's credential may read the status, not join the job.
-  if (command.slurm_job && credentials->munge) credentials->munge->job_id = "";
-  const std::string endpoint = JoinEndpoints(plan->endpoints);
-  auto connection = Connect(endpoint, *credentials, options);
+// Asks the rendezvous at `endpoint` about job `run_id` (every job it holds
+// when empty, described as `which`) and prints the answer; 0, or 1 having
+// said why not.
+int AskStatus(const std::string& endpoint, const Credentials& credentials,
+              const LaunchOptions& options, const std::string& run_id,
+              const std::string& which, bool json, bool slurm) {
+  auto connection = Connect(endpoint, credentials, options);
   if (!connection.ok()) {
     return Fail(absl::StrCat("status: ", connection.status().message()),
                 kUsageError);
@@ -312,19 +295,12 @@ int RunStatus(const CommandLine& command, const EnvMap& env) {
   spdlog::set_level(spdlog::level::off);
   RouteGrpcLogsToSpdlog();
   AdminClient admin(*connection);
-  // The allocation's rendezvous serves the step that trains, whose id this
-  // step does not know: it shows what it holds.
-  auto jobs =
-      FetchJobs(admin, command.slurm_job ? std::string() : options.run_id);
-  const std::string which = command.slurm_job
-                                ? std::string("job of this Slurm allocation")
-                                : absl::StrCat("job '", options.run_id, "'");
+  auto jobs = FetchJobs(admin, run_id);
   if (absl::IsNotFound(jobs.status()) || (jobs.ok() && jobs->jobs().empty())) {
-    return Fail(
-        absl::StrCat("status: the rendezvous at ", endpoint, " holds no ",
-                     which, " (not started yet, ended",
-                     command.slurm_job ? ")" : ", or another --rdzv_id)"),
-        1);
+    return Fail(absl::StrCat("status: the rendezvous at ", endpoint,
+                             " holds no ", which, " (not started yet, ended",
+                             slurm ? ")" : ", or another --rdzv_id)"),
+                1);
   }
   if (absl::IsDeadlineExceeded(jobs.status())) {
     // Something listens there, but it does not speak gRPC to us.
@@ -339,8 +315,65 @@ int RunStatus(const CommandLine& command, const EnvMap& env) {
                              " about ", which, ": ", jobs.status().message()),
                 1);
   }
-  PrintJobs(*jobs, command.json, *connection, endpoint, std::cout, std::cerr);
+  PrintJobs(*jobs, json, *connection, endpoint, std::cout, std::cerr);
   return 0;
+}
+
+// `ctrun status` without a rendezvous flag: the jobs whose rendezvous an
+// agent of this user hosts on this machine (--standalone ones), found
+// through the note each leaves in its run folder.
+int LocalStatus(const CommandLine& command) {
+  const std::vector<NotedRendezvous> found =
+      FindNotedRendezvous(TemporaryDirectory());
+  if (found.empty()) {
+    return Fail(
+        absl::StrCat("status: no rendezvous to ask: no --standalone job of "
+                     "yours runs on this machine (their ctrun notes them under "
+                     "$TMPDIR, or /tmp); for a job that meets at a "
+                     "rendezvous, give its --rdzv_endpoint=HOST:PORT and "
+                     "--rdzv_id"),
+        kUsageError);
+  }
+  int code = 0;
+  for (const NotedRendezvous& r : found) {
+    if (!command.json) {
+      std::cout << "# --standalone job '" << r.run_id << "' of ctrun pid "
+                << r.agent << " (its run folder: " << r.folder << ")\n";
+    }
+    Credentials credentials;
+    credentials.token = r.token;
+    code = std::max(
+        code, AskStatus(r.endpoint, credentials, command.options, r.run_id,
+                        absl::StrCat("job '", r.run_id, "'"), command.json,
+                        /*slurm=*/false));
+  }
+  return code;
+}
+
+// `ctrun status`: the job as its rendezvous holds it, reached and
+// authenticated as the job's own agents reach it.
+int RunStatus(const CommandLine& command, const EnvMap& env) {
+  const LaunchOptions& options = command.options;
+  if (options.rdzv_endpoint.empty()) return LocalStatus(command);
+  auto plan = PlanRendezvous(options, Hostname(), env);
+  if (!plan.ok()) {
+    return Fail(absl::StrCat("status: ", plan.status().message()), kUsageError);
+  }
+  auto credentials = ResolveCredentials(options, env, *plan);
+  if (!credentials.ok()) {
+    return Fail(absl::StrCat("status: ", credentials.status().message()),
+                kUsageError);
+  }
+  // Another step's credential may read the status, not join the job.
+  if (command.slurm_job && credentials->munge) credentials->munge->job_id = "";
+  // The allocation's rendezvous serves the step that trains, whose id this
+  // step does not know: it shows what it holds.
+  return AskStatus(JoinEndpoints(plan->endpoints), *credentials, options,
+                   command.slurm_job ? std::string() : options.run_id,
+                   command.slurm_job
+                       ? std::string("job of this Slurm allocation")
+                       : absl::StrCat("job '", options.run_id, "'"),
+                   command.json, command.slurm_job);
 }
 
 // Runs the agent with the console on threads of its own; returns its exit
@@ -418,6 +451,18 @@ int Launch(LaunchOptions options, const RendezvousPlan& plan,
   if (!rendezvous.ok()) {
     return Fail(std::string(rendezvous.status().message()),
                 absl::IsInvalidArgument(rendezvous.status()) ? kUsageError : 1);
+  }
+  // `ctrun status` with no flag finds a rendezvous only this agent knows
+  // the address and token of (a --standalone job's: a port the OS chose, a
+  // token made up here).
+  if (rendezvous->server && temporary &&
+      plan.auth == RendezvousPlan::Auth::kFreshToken) {
+    if (auto s = NoteRendezvous(*run_dir, {rendezvous->endpoint, options.run_id,
+                                           credentials->token});
+        !s.ok()) {
+      std::cerr << "ctrun: note: " << s.message()
+                << "; `ctrun status` will not find this job\n";
+    }
   }
   std::unique_ptr<MetricsEndpoint> metrics;
   if (options.metrics_listen && rendezvous->server) {

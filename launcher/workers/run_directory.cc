@@ -6,10 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -106,41 +109,125 @@ void RefreshRunDirectoryMark(const std::string& dir) {
             nullptr, AT_SYMLINK_NOFOLLOW);
 }
 
+namespace {
+
+// A plain file of this user at `path`, at most `limit` bytes: a worker can
+// write in its run directory, and anything else there (a FIFO would block
+// the read, a link would lead elsewhere) is not ctrun's.
+bool IsOwnSmallFile(const std::string& path, off_t limit,
+                    struct stat* st = nullptr) {
+  struct stat own {};
+  if (st == nullptr) st = &own;
+  return lstat(path.c_str(), st) == 0 && S_ISREG(st->st_mode) &&
+         st->st_uid == geteuid() && st->st_size <= limit;
+}
+
+// An agent's mark, as read from its run folder.
+struct Mark {
+  pid_t pid = 0;
+  unsigned long long started = 0;
+  absl::Time refreshed;
+  bool alive = false;  // the process that wrote it still runs
+};
+
+// The mark of `folder` (a ctrun-XXXXXX directory of this user) when its pid
+// names a process here: this boot, this pid namespace.
+std::optional<Mark> ReadMark(const std::string& folder,
+                             const std::string& scope) {
+  struct stat st {};
+  if (lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      st.st_uid != geteuid()) {
+    return std::nullopt;
+  }
+  const std::string path = absl::StrCat(folder, "/", kAgentFolder, "/agent");
+  if (!IsOwnSmallFile(path, 256, &st)) return std::nullopt;
+  Mark mark;
+  mark.refreshed = absl::FromTimeT(st.st_mtime);
+  long long pid = 0;
+  std::string boot, pid_namespace;
+  std::ifstream in(path);
+  if (!(in >> pid >> mark.started >> boot >> pid_namespace) || pid <= 0 ||
+      pid > std::numeric_limits<pid_t>::max() ||
+      absl::StrCat(boot, " ", pid_namespace) != scope) {
+    return std::nullopt;  // its pid names no process here
+  }
+  mark.pid = static_cast<pid_t>(pid);
+  mark.alive = ProcessStartTime(mark.pid) == mark.started;
+  return mark;
+}
+
+// Calls `fn(folder)` for each ctrun-XXXXXX entry of `tmp`.
+template <typename Fn>
+void ForEachRunFolder(const std::string& tmp, Fn fn) {
+  DIR* dir = opendir(tmp.c_str());
+  if (dir == nullptr) return;
+  while (const dirent* entry = readdir(dir)) {
+    const absl::string_view name = entry->d_name;
+    if (absl::StartsWith(name, "ctrun-") && name.size() == 12) {
+      fn(absl::StrCat(tmp, "/", name));
+    }
+  }
+  closedir(dir);
+}
+
+constexpr char kRendezvousNote[] = "rendezvous";
+
+}  // namespace
+
+absl::Status NoteRendezvous(const std::string& dir, const NotedRendezvous& r) {
+  const std::string path =
+      absl::StrCat(dir, "/", kAgentFolder, "/", kRendezvousNote);
+  const int fd = open(
+      path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const std::string text =
+      absl::StrCat(r.endpoint, "\n", r.run_id, "\n", r.token, "\n");
+  const bool written = fd >= 0 && write(fd, text.data(), text.size()) ==
+                                      static_cast<ssize_t>(text.size());
+  if (fd >= 0) close(fd);
+  if (!written) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<NotedRendezvous> FindNotedRendezvous(const std::string& tmp) {
+  std::vector<std::pair<unsigned long long, NotedRendezvous>> found;
+  const std::string scope = PidScope();
+  ForEachRunFolder(tmp, [&](const std::string& folder) {
+    const std::optional<Mark> mark = ReadMark(folder, scope);
+    const std::string path =
+        absl::StrCat(folder, "/", kAgentFolder, "/", kRendezvousNote);
+    if (!mark || !mark->alive || !IsOwnSmallFile(path, 4096)) return;
+    NotedRendezvous r;
+    std::ifstream in(path);
+    if (!std::getline(in, r.endpoint) || !std::getline(in, r.run_id) ||
+        !std::getline(in, r.token) || r.endpoint.empty()) {
+      return;  // still being written, or not ctrun's
+    }
+    r.agent = mark->pid;
+    r.folder = folder;
+    found.emplace_back(mark->started, std::move(r));
+  });
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<NotedRendezvous> result;
+  for (auto& [started, r] : found) result.push_back(std::move(r));
+  return result;
+}
+
 std::vector<std::string> RemoveStaleRunDirectories(const std::string& tmp,
                                                    absl::Duration min_age) {
   std::vector<std::string> removed;
   const std::string scope = PidScope();
-  DIR* dir = opendir(tmp.c_str());
-  if (dir == nullptr) return removed;
   const absl::Time now = absl::Now();
-  while (const dirent* entry = readdir(dir)) {
-    const absl::string_view name = entry->d_name;
-    if (!absl::StartsWith(name, "ctrun-") || name.size() != 12) continue;
-    const std::string folder = absl::StrCat(tmp, "/", name);
-    const std::string mark = absl::StrCat(folder, "/", kAgentFolder, "/agent");
-    struct stat st {};
-    if (lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
-        st.st_uid != geteuid() || lstat(mark.c_str(), &st) != 0 ||
-        // A worker can write in its run directory: anything but a plain
-        // file there (a FIFO would block this read) is not a mark.
-        !S_ISREG(st.st_mode) || st.st_size > 256 ||
-        now - absl::FromTimeT(st.st_mtime) < min_age) {
-      continue;
-    }
-    long long pid = 0;
-    unsigned long long started = 0;
-    std::string boot, pid_namespace;
-    std::ifstream in(mark);
-    if (!(in >> pid >> started >> boot >> pid_namespace) || pid <= 0 ||
-        absl::StrCat(boot, " ", pid_namespace) != scope) {
-      continue;  // its pid names no process here
-    }
-    if (ProcessStartTime(static_cast<pid_t>(pid)) == started) continue;
+  ForEachRunFolder(tmp, [&](const std::string& folder) {
+    const std::optional<Mark> mark = ReadMark(folder, scope);
+    if (!mark || mark->alive || now - mark->refreshed < min_age) return;
     std::error_code ec;
     std::filesystem::remove_all(folder, ec);
     if (!ec) removed.push_back(folder);
-  }
-  closedir(dir);
+  });
   return removed;
 }
 

@@ -3,6 +3,8 @@
 #ifndef CTRUN_LAUNCHER_WORKERS_RUN_DIRECTORY_H_
 #define CTRUN_LAUNCHER_WORKERS_RUN_DIRECTORY_H_
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -51,6 +53,25 @@ std::string PidScope();
 // file is made afresh without following a link, then renamed over `path`.
 // False when it could not be written.
 bool ReplaceFile(const std::string& path, const std::string& text);
+
+// A rendezvous an agent of this machine hosts for a --standalone job (or
+// one without an endpoint), as `ctrun status` finds it: no flag names it.
+struct NotedRendezvous {
+  std::string endpoint;  // HOST:PORT on loopback
+  std::string run_id;
+  std::string token;   // admits to it; empty: it asks for none
+  pid_t agent = 0;     // the agent that hosts it
+  std::string folder;  // its run directory
+};
+
+// Notes `r` in temporary run directory `dir` (.ctrun/rendezvous, 0600, in
+// the agent's own 0700 folder; gone with the mark as the agent ends).
+absl::Status NoteRendezvous(const std::string& dir, const NotedRendezvous& r);
+
+// The rendezvous noted in `tmp`'s ctrun-XXXXXX folders of this user whose
+// mark names an agent that lives (this boot, this pid namespace, the same
+// process), oldest agent first.
+std::vector<NotedRendezvous> FindNotedRendezvous(const std::string& tmp);
 
 // The ctrun-XXXXXX folders in `tmp` whose mark names an agent that is gone
 // (no such process, or another one that took its pid) and was last

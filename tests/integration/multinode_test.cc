@@ -658,6 +658,39 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+// Fails before: "a --standalone job's rendezvous lives inside its ctrun
+// and cannot be asked".
+TEST_CASE("ctrun status without flags shows this machine's --standalone jobs",
+          "[multinode][integration]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("ctrun-mn-local-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  ChildProcess job({CtrunPath(), "--standalone", "--nproc_per_node=2",
+                    "--rdzv_id=alone", "--no_python", ShellWorker(), "wait",
+                    dir});
+  REQUIRE(AllReady(dir, 2));
+  const StatusRun shown = CtrunStatus({});
+  INFO(shown.out << shown.err);
+  CHECK(shown.code == 0);
+  CHECK(absl::StrContains(
+      shown.out,
+      absl::StrCat("# --standalone job 'alone' of ctrun pid ", job.pid())));
+  CHECK(absl::StrContains(shown.out, "job alone  running  round 0"));
+  CHECK(absl::StrContains(shown.out, "world 2"));
+  const StatusRun json = CtrunStatus({"--json"});
+  CHECK(json.code == 0);
+  CHECK(absl::StrContains(json.out, "\"alone\""));
+  CHECK_FALSE(absl::StrContains(json.out, "# --standalone"));
+  std::ofstream(dir + "/go").close();
+  INFO(job.Stderr());
+  CHECK(job.Wait(kWait) == 0);
+  // Ended: nothing left to find.
+  const StatusRun after = CtrunStatus({});
+  CHECK(after.code == 2);
+  CHECK(absl::StrContains(after.err, "no --standalone job of yours runs"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE(
     "ctrun status shows a running job's round, nodes, ranks, restarts and "
     "last failure",

@@ -56,5 +56,44 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE(
+    "A noted rendezvous is found while its agent lives, and never from a "
+    "folder of a dead agent or through a link or a FIFO",
+    "[launcher][unit]") {
+  char tmp_template[] = "/tmp/ctrun-unit-XXXXXX";
+  const std::string tmp = mkdtemp(tmp_template);
+  auto run_folder = [&](const std::string& name) {
+    const std::string folder = tmp + "/" + name;
+    std::filesystem::create_directories(folder);
+    REQUIRE(MarkRunDirectory(folder).ok());  // this process: alive
+    return folder;
+  };
+  const std::string live = run_folder("ctrun-live00");
+  REQUIRE(NoteRendezvous(live, {"127.0.0.1:4321", "job-a", "secret"}).ok());
+  // Written once: a second note (or one a worker put there first) fails.
+  CHECK_FALSE(NoteRendezvous(live, {"127.0.0.1:1", "x", "y"}).ok());
+  struct stat st {};
+  REQUIRE(stat((live + "/.ctrun/rendezvous").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  // The same note in a folder whose mark names a process that is gone.
+  const std::string dead = run_folder("ctrun-dead00");
+  REQUIRE(NoteRendezvous(dead, {"127.0.0.1:4322", "job-b", "s"}).ok());
+  std::ofstream(dead + "/.ctrun/agent") << "999999999 1 " << PidScope() << "\n";
+  // A link and a FIFO where the note would be.
+  const std::string linked = run_folder("ctrun-link00");
+  REQUIRE(symlink((live + "/.ctrun/rendezvous").c_str(),
+                  (linked + "/.ctrun/rendezvous").c_str()) == 0);
+  const std::string fifo = run_folder("ctrun-fifo00");
+  REQUIRE(mkfifo((fifo + "/.ctrun/rendezvous").c_str(), 0600) == 0);
+  const std::vector<NotedRendezvous> found = FindNotedRendezvous(tmp);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].endpoint == "127.0.0.1:4321");
+  CHECK(found[0].run_id == "job-a");
+  CHECK(found[0].token == "secret");
+  CHECK(found[0].agent == getpid());
+  CHECK(found[0].folder == live);
+  std::filesystem::remove_all(tmp);
+}
+
 }  // namespace
 }  // namespace ctrun
