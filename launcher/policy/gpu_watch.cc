@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/policy/job_recap.h"
 
 namespace ctrun {
 
@@ -105,12 +106,6 @@ RankGpuUsage GpuWatch::UsageOf(int local_rank) const {
 }
 
 namespace {
-
-std::string FormatWall(absl::Duration wall) {
-  return wall < absl::Minutes(1)
-             ? absl::StrFormat("%.1fs", absl::ToDoubleSeconds(wall))
-             : absl::FormatDuration(absl::Trunc(wall, absl::Seconds(1)));
-}
 
 // "2.0 GiB / 2.1 GiB / 2.3 GiB": the least, the median, the most.
 std::string Spread(std::vector<uint64_t> bytes) {

@@ -5,6 +5,12 @@
 
 namespace ctrun {
 
+std::string FormatWall(absl::Duration wall) {
+  return wall < absl::Minutes(1)
+             ? absl::StrFormat("%.1fs", absl::ToDoubleSeconds(wall))
+             : absl::FormatDuration(absl::Trunc(wall, absl::Seconds(1)));
+}
+
 void JobRecap::Start(absl::Time now) { start_ = now; }
 
 void JobRecap::RoundEnded(absl::Time now) {
@@ -50,8 +56,7 @@ std::string JobRecap::Line(int exit_code, absl::Time now) const {
   }
   const int64_t rounds = first_round_ < 0 ? 0 : last_round_ - first_round_ + 1;
   std::string line = absl::StrCat(
-      "job ended with exit ", exit_code, " after ",
-      absl::FormatDuration(absl::Trunc(now - start_, absl::Milliseconds(100))),
+      "job ended with exit ", exit_code, " after ", FormatWall(now - start_),
       ": ", rounds, rounds == 1 ? " round" : " rounds", ", restarts used ",
       restarts_used_, "/", max_restarts_, ", ", new_processes_,
       new_processes_ == 1 ? " process" : " processes", " started anew, ",

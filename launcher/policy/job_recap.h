@@ -23,6 +23,10 @@
 
 namespace ctrun {
 
+// A wall time as the job's last lines say it: "1.7s" (rounded to a tenth)
+// under a minute, "2m5s" (whole seconds) beyond.
+std::string FormatWall(absl::Duration wall);
+
 class JobRecap {
  public:
   // The agent started.
