@@ -16,7 +16,10 @@ MODULE ARGS...
 
 The worker is the template's grandchild: its parent exits at once, so the
 worker is reparented to the agent (a child subreaper), which reaps it as
-any worker. The template's own stdout and stderr go to /dev/null (the agent
+any worker. It reads as a cold start would: /proc/PID/cmdline (what ps,
+top and pgrep -f show) and /proc/PID/environ are its own command line and
+environment, not the template's (PR_SET_MM_MAP, which Linux lets a
+process do to itself; where refused they stay the template's). The template's own stdout and stderr go to /dev/null (the agent
 reads neither): a preloaded module that prints as it loads must not break
 it.
 """
@@ -30,6 +33,8 @@ import time
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61
+_PR_SET_MM = 35
+_PR_SET_MM_MAP = 14
 # How long a worker waits to be handed to the agent: its middle parent's
 # exit tears down a copy of the template's address space, which takes a
 # while for a template of gigabytes.
@@ -69,6 +74,58 @@ def _preload(modules, optional):
     return ""
 
 
+class _MmMap(ctypes.Structure):
+    """struct prctl_mm_map (linux/prctl.h)."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "start_code", "end_code", "start_data", "end_data", "start_brk",
+            "brk", "start_stack", "arg_start", "arg_end", "env_start",
+            "env_end", "auxv",
+        )
+    ] + [("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
+# The blocks /proc/PID/cmdline and environ read from once retitled: they
+# must live as long as the process.
+_title = []
+
+
+def _retitle(libc, argv, env):
+    """Points the kernel's view of this process's command line and
+    environment at `argv` and `env` ("KEY=VALUE"), keeping every other
+    field of its memory map as it is. False where the kernel refuses (no
+    checkpoint/restore support, a seccomp filter)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        field = lambda n: int(fields[n - 3])  # noqa: E731 - proc(5)'s numbering
+        blocks = []
+        for items in (argv, env):
+            data = b"".join(os.fsencode(item) + b"\0" for item in items)
+            blocks.append(ctypes.create_string_buffer(data, max(len(data), 1)))
+            blocks[-1].used = len(data)
+        libc.sbrk.restype = ctypes.c_void_p
+        args, environ = blocks
+        mm = _MmMap(
+            start_code=field(26), end_code=field(27), start_stack=field(28),
+            start_data=field(45), end_data=field(46), start_brk=field(47),
+            brk=libc.sbrk(0),
+            arg_start=ctypes.addressof(args),
+            arg_end=ctypes.addressof(args) + args.used,
+            env_start=ctypes.addressof(environ),
+            env_end=ctypes.addressof(environ) + environ.used,
+            auxv=0, auxv_size=0, exe_fd=0xFFFFFFFF,  # neither changed
+        )
+        if libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0):
+            return False
+        _title.extend(blocks)
+        return True
+    except (OSError, ValueError, IndexError, AttributeError):
+        return False
+
+
 def _become(fields, fds, agent):
     """In the worker: its process group, descriptors, parent-death signal,
     environment, directory and argv; then its script. Never returns."""
@@ -94,6 +151,10 @@ def _become(fields, fds, agent):
     for item in env:
         key, _, value = item.partition("=")
         os.environ[key] = value
+    # As `python -u ARGV...` exec'd with this environment would read.
+    interpreter = list(getattr(sys, "orig_argv", [sys.executable, "-u"])[:2])
+    _retitle(libc, interpreter + argv, env)
+    sys.orig_argv = interpreter + argv
     # ctrun's module attached to nothing in the template: this worker's
     # slot and stacks file come with a fresh import.
     for name in [m for m in sys.modules if m == "ctrun" or m.startswith("ctrun.")]:

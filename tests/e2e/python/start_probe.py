@@ -4,7 +4,8 @@ Prints one line "probe {json}": whether `wave` was imported before the
 script ran (a warm start preloading it), argv, __file__, sys.path[0], the
 working directory, a few variables, signal dispositions and mask, whether
 the worker leads its own process group and whether its parent is the
-agent; then "fds [...]": what its descriptors above 2 point to. Then, by
+agent, its /proc/self/cmdline, comm and a few variables of
+/proc/self/environ (what ps and pgrep read); then "fds [...]": what its descriptors above 2 point to. Then, by
 argv: "exit N" exits N on rank 1, "raise" raises on rank 1,
 "term" has rank 1 SIGTERM itself, "child" starts `sleep 300` and waits.
 """
@@ -35,6 +36,15 @@ probe = {
     "own_group": os.getpgid(0) == os.getpid(),
     "parent_is_agent": str(os.getppid()) == agent,
     "stdout_tty": sys.stdout.isatty(),
+    # What ps, top and pgrep read of it.
+    "cmdline": open("/proc/self/cmdline", "rb").read().decode().split("\0"),
+    "comm": open("/proc/self/comm").read().strip(),
+    "orig_argv": getattr(sys, "orig_argv", None),
+    "environ": sorted(
+        item
+        for item in open("/proc/self/environ", "rb").read().decode().split("\0")
+        if item.split("=")[0] in ("RANK", "LOCAL_RANK", "PROBE_VAR")
+    ),
 }
 print("probe " + json.dumps(probe, sort_keys=True), flush=True)
 fds = []
