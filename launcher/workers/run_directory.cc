@@ -127,7 +127,8 @@ struct Mark {
   pid_t pid = 0;
   unsigned long long started = 0;
   absl::Time refreshed;
-  bool alive = false;  // the process that wrote it still runs
+  // Whether the process that wrote it still runs (reads its /proc entry).
+  bool Alive() const { return ProcessStartTime(pid) == started; }
 };
 
 // The mark of `folder` (a ctrun-XXXXXX directory of this user) when its pid
@@ -152,7 +153,6 @@ std::optional<Mark> ReadMark(const std::string& folder,
     return std::nullopt;  // its pid names no process here
   }
   mark.pid = static_cast<pid_t>(pid);
-  mark.alive = ProcessStartTime(mark.pid) == mark.started;
   return mark;
 }
 
@@ -198,7 +198,7 @@ std::vector<NotedRendezvous> FindNotedRendezvous(const std::string& tmp) {
     const std::optional<Mark> mark = ReadMark(folder, scope);
     const std::string path =
         absl::StrCat(folder, "/", kAgentFolder, "/", kRendezvousNote);
-    if (!mark || !mark->alive || !IsOwnSmallFile(path, 4096)) return;
+    if (!mark || !IsOwnSmallFile(path, 4096) || !mark->Alive()) return;
     NotedRendezvous r;
     std::ifstream in(path);
     if (!std::getline(in, r.endpoint) || !std::getline(in, r.run_id) ||
@@ -223,7 +223,9 @@ std::vector<std::string> RemoveStaleRunDirectories(const std::string& tmp,
   const absl::Time now = absl::Now();
   ForEachRunFolder(tmp, [&](const std::string& folder) {
     const std::optional<Mark> mark = ReadMark(folder, scope);
-    if (!mark || mark->alive || now - mark->refreshed < min_age) return;
+    // A fresh mark is not looked into: its agent's /proc entry is read
+    // only once the mark is old enough to be stale.
+    if (!mark || now - mark->refreshed < min_age || mark->Alive()) return;
     std::error_code ec;
     std::filesystem::remove_all(folder, ec);
     if (!ec) removed.push_back(folder);
