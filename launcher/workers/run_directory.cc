@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -146,7 +147,8 @@ std::optional<Mark> ReadMark(const std::string& folder,
   mark.refreshed = absl::FromTimeT(st.st_mtime);
   long long pid = 0;
   std::string boot, pid_namespace;
-  std::ifstream in(path);
+  // Read without waiting: a worker may have put a FIFO there since.
+  std::istringstream in(ReadProcFile(path, 256));
   if (!(in >> pid >> mark.started >> boot >> pid_namespace) || pid <= 0 ||
       pid > std::numeric_limits<pid_t>::max() ||
       absl::StrCat(boot, " ", pid_namespace) != scope) {
@@ -200,7 +202,7 @@ std::vector<NotedRendezvous> FindNotedRendezvous(const std::string& tmp) {
         absl::StrCat(folder, "/", kAgentFolder, "/", kRendezvousNote);
     if (!mark || !IsOwnSmallFile(path, 4096) || !mark->Alive()) return;
     NotedRendezvous r;
-    std::ifstream in(path);
+    std::istringstream in(ReadProcFile(path, 4096));
     if (!std::getline(in, r.endpoint) || !std::getline(in, r.run_id) ||
         !std::getline(in, r.token) || r.endpoint.empty()) {
       return;  // still being written, or not ctrun's

@@ -19,9 +19,10 @@ worker is reparented to the agent (a child subreaper), which reaps it as
 any worker. It reads as a cold start would: /proc/PID/cmdline (what ps,
 top and pgrep -f show) and /proc/PID/environ are its own command line and
 environment, not the template's (PR_SET_MM_MAP, which Linux lets a
-process do to itself; where refused they stay the template's). The template's own stdout and stderr go to /dev/null (the agent
-reads neither): a preloaded module that prints as it loads must not break
-it.
+process do to itself; where refused they stay the template's).
+
+The template's own stdout and stderr go to /dev/null (the agent reads
+neither): a preloaded module that prints as it loads must not break it.
 """
 
 import ctypes
@@ -101,21 +102,20 @@ def _retitle(libc, argv, env):
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         field = lambda n: int(fields[n - 3])  # noqa: E731 - proc(5)'s numbering
-        blocks = []
-        for items in (argv, env):
-            data = b"".join(os.fsencode(item) + b"\0" for item in items)
-            blocks.append(ctypes.create_string_buffer(data, max(len(data), 1)))
-            blocks[-1].used = len(data)
+        args, environ = (
+            b"".join(os.fsencode(item) + b"\0" for item in items) for items in (argv, env)
+        )
+        # +1: an empty environment still needs an address.
+        blocks = [ctypes.create_string_buffer(b, len(b) + 1) for b in (args, environ)]
         libc.sbrk.restype = ctypes.c_void_p
-        args, environ = blocks
         mm = _MmMap(
             start_code=field(26), end_code=field(27), start_stack=field(28),
             start_data=field(45), end_data=field(46), start_brk=field(47),
             brk=libc.sbrk(0),
-            arg_start=ctypes.addressof(args),
-            arg_end=ctypes.addressof(args) + args.used,
-            env_start=ctypes.addressof(environ),
-            env_end=ctypes.addressof(environ) + environ.used,
+            arg_start=ctypes.addressof(blocks[0]),
+            arg_end=ctypes.addressof(blocks[0]) + len(args),
+            env_start=ctypes.addressof(blocks[1]),
+            env_end=ctypes.addressof(blocks[1]) + len(environ),
             auxv=0, auxv_size=0, exe_fd=0xFFFFFFFF,  # neither changed
         )
         if libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0):
