@@ -1,5 +1,6 @@
 // docs/errors.md, checked: every row of its command-line tables is run, and
 // its exit code and its one line on stderr must be exactly as written.
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -86,12 +87,17 @@ std::vector<Row> RowsOf(const std::string& program,
 }
 
 void Check(const std::vector<Row>& rows) {
+  // A TMPDIR of their own: `ctrun status` with no flags shows the
+  // --standalone jobs it finds there, and other tests run such jobs.
+  char dir_template[] = "/tmp/ctrun-errors-XXXXXX";
+  const std::string tmp = mkdtemp(dir_template);
   for (const Row& row : rows) {
     INFO(absl::StrJoin(row.argv, " "));
-    ChildProcess p(row.argv);
+    ChildProcess p(row.argv, {"TMPDIR=" + tmp});
     CHECK(p.Wait(absl::Seconds(20)) == row.exit_code);
     CHECK(p.Stderr() == row.message + "\n");
   }
+  std::filesystem::remove_all(tmp);
 }
 
 TEST_CASE("Every refused ctrun command line in docs/errors.md says so",

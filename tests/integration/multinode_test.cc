@@ -665,11 +665,14 @@ TEST_CASE("ctrun status without flags shows this machine's --standalone jobs",
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("ctrun-mn-local-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  ChildProcess job({CtrunPath(), "--standalone", "--nproc_per_node=2",
-                    "--rdzv_id=alone", "--no_python", ShellWorker(), "wait",
-                    dir});
+  // Its own TMPDIR: other tests run --standalone jobs of this user too.
+  const std::vector<std::string> env = {"TMPDIR=" + dir};
+  ChildProcess job(
+      {CtrunPath(), "--standalone", "--nproc_per_node=2", "--rdzv_id=alone",
+       "--no_python", ShellWorker(), "wait", dir},
+      env);
   REQUIRE(AllReady(dir, 2));
-  const StatusRun shown = CtrunStatus({});
+  const StatusRun shown = CtrunStatus({}, env);
   INFO(shown.out << shown.err);
   CHECK(shown.code == 0);
   CHECK(absl::StrContains(
@@ -677,7 +680,7 @@ TEST_CASE("ctrun status without flags shows this machine's --standalone jobs",
       absl::StrCat("# --standalone job 'alone' of ctrun pid ", job.pid())));
   CHECK(absl::StrContains(shown.out, "job alone  running  round 0"));
   CHECK(absl::StrContains(shown.out, "world 2"));
-  const StatusRun json = CtrunStatus({"--json"});
+  const StatusRun json = CtrunStatus({"--json"}, env);
   CHECK(json.code == 0);
   CHECK(absl::StrContains(json.out, "\"alone\""));
   CHECK_FALSE(absl::StrContains(json.out, "# --standalone"));
@@ -685,7 +688,7 @@ TEST_CASE("ctrun status without flags shows this machine's --standalone jobs",
   INFO(job.Stderr());
   CHECK(job.Wait(kWait) == 0);
   // Ended: nothing left to find.
-  const StatusRun after = CtrunStatus({});
+  const StatusRun after = CtrunStatus({}, env);
   CHECK(after.code == 2);
   CHECK(absl::StrContains(after.err, "no --standalone job of yours runs"));
   std::filesystem::remove_all(dir);
@@ -768,7 +771,8 @@ TEST_CASE(
           "wrong rendezvous token");
   refused(CtrunStatus(with("--rdzv_id=nope")), 1,
           "holds no job 'nope' (not started yet, ended, or another --rdzv_id)");
-  refused(CtrunStatus({}), 2, "no rendezvous to ask");
+  // In a TMPDIR of its own: other tests' --standalone jobs would be shown.
+  refused(CtrunStatus({}, {"TMPDIR=" + dir}), 2, "no rendezvous to ask");
   refused(CtrunStatus({"train.py"}), 2, "takes flags only");
   refused(CtrunStatus({"--rdzv_endpoint=127.0.0.2:x"}), 2, "rdzv_endpoint");
 
